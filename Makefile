@@ -1,0 +1,49 @@
+# The README's commands. Every target sets up what it needs first, so `make run` and
+# `make test` work on a fresh machine with only Python 3.11+ and make.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# uv manages the workspace; where it is not installed, bootstrap it with pip into .tools/.
+UV := $(or $(shell command -v uv 2>/dev/null),$(CURDIR)/.tools/bin/uv)
+VENV := $(CURDIR)/.venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.einsora-setup
+PACKAGE_FILES := pyproject.toml $(wildcard uv.lock) $(wildcard libs/*/pyproject.toml services/*/pyproject.toml cli/pyproject.toml)
+
+.PHONY: help setup run test lint bench clean
+
+help:
+	@echo "make run    set up, then start Einsora Solo on this machine"
+	@echo "make test   set up, then run the whole test suite"
+	@echo "make lint   ruff, mypy (strict) and import-linter"
+	@echo "make bench  run every benchmark in bench/"
+
+$(CURDIR)/.tools/bin/uv:
+	python3 -m venv $(CURDIR)/.tools
+	$(CURDIR)/.tools/bin/pip install --quiet uv
+
+$(STAMP): $(UV) $(PACKAGE_FILES)
+	$(UV) sync --all-packages --quiet
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	$(BIN)/einsora solo
+
+test: setup
+	bash scripts/test-deps.sh
+	$(BIN)/pytest
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy libs services cli bench
+	$(BIN)/lint-imports
+
+bench: setup
+	@set -e; for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b; done
+
+clean:
+	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache .import_linter_cache

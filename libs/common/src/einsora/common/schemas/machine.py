@@ -1,0 +1,131 @@
+"""Machine values in the `machines` bucket: desired state, observed state, inventory.
+
+Desired state is level-triggered: the complete set of workloads a machine should have, with a
+generation number, never a diff. Observed state is likewise complete.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import Field
+
+from einsora.common.schemas.base import Message, utcnow
+from einsora.common.schemas.workload import WorkloadKind
+
+
+class Target(StrEnum):
+    """What the agent should make of a workload it is told about."""
+
+    running = "running"
+    parked = "parked"
+    """Stopped, its working directory kept, its devices released."""
+    removed = "removed"
+    """Stopped and its working directory deleted."""
+
+
+class Resources(Message):
+    """What a workload is given on a machine: whole GPUs (by uuid), cores, memory."""
+
+    gpus: list[str] = Field(default_factory=list)
+    cpus: float = 0
+    memory_mib: int = 0
+
+
+class DesiredWorkload(Message):
+    """One workload in a machine's desired state."""
+
+    workload_id: str
+    tenant_id: str
+    kind: WorkloadKind
+    class_name: str
+    target: Target
+    spec: dict[str, Any] = Field(default_factory=dict)
+    resources: Resources = Field(default_factory=Resources)
+    access_token: str | None = None
+    """The workload's own token (e.g. Jupyter's), made by the control plane; never in a URL."""
+
+
+class DesiredState(Message):
+    """`<machine>.desired`: everything the machine should have, at `generation`."""
+
+    machine_id: str
+    generation: int = Field(ge=0)
+    workloads: list[DesiredWorkload] = Field(default_factory=list)
+    at: datetime = Field(default_factory=utcnow)
+
+
+class ObservedPhase(StrEnum):
+    """A workload's phase as the agent sees it."""
+
+    starting = "starting"
+    running = "running"
+    stopping = "stopping"
+    parked = "parked"
+    failed = "failed"
+    removed = "removed"
+
+
+class Endpoint(Message):
+    """Where a running workload answers, from the agent's machine."""
+
+    host: str
+    port: int
+
+
+class ObservedWorkload(Message):
+    """One workload as the agent observes it."""
+
+    workload_id: str
+    phase: ObservedPhase
+    reason: str = ""
+    pid: int | None = None
+    started_at: datetime | None = None
+    endpoint: Endpoint | None = None
+
+
+class ObservedState(Message):
+    """`<machine>.observed`: what the machine runs and which desired generation it applied."""
+
+    machine_id: str
+    generation_applied: int = Field(ge=0)
+    heartbeat_at: datetime = Field(default_factory=utcnow)
+    workloads: list[ObservedWorkload] = Field(default_factory=list)
+
+
+class GpuHealth(StrEnum):
+    """A GPU's health; a quarantined one is never given to a workload."""
+
+    ok = "ok"
+    quarantined = "quarantined"
+
+
+class Gpu(Message):
+    """One GPU (or MIG device) in an inventory."""
+
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    mig: bool = False
+    health: GpuHealth = GpuHealth.ok
+
+
+class Inventory(Message):
+    """`<machine>.inventory`: what the machine has and what Einsora may use."""
+
+    machine_id: str
+    region: str
+    hostname: str
+    os: str
+    arch: str
+    cpus: int
+    memory_mib: int
+    gpus: list[Gpu] = Field(default_factory=list)
+    apple_chip: str | None = None
+    unified_memory_mib: int | None = None
+    drivers: list[str] = Field(default_factory=list)
+    agent_version: str = ""
+    at: datetime = Field(default_factory=utcnow)

@@ -1,0 +1,106 @@
+"""Workload messages: what a user asked for (intent) and what happened (events).
+
+States and their order are DESIGN.md's: pending → queued → scheduled → starting → running →
+parking → parked → (resume) pending; removing → removed; failed from starting or running.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import Field
+
+from einsora.common.schemas.base import Message, utcnow
+
+
+class WorkloadKind(StrEnum):
+    """What a user launches."""
+
+    notebook = "notebook"
+    endpoint = "endpoint"
+    vm = "vm"
+
+
+class WorkloadState(StrEnum):
+    """Where a workload is in its life."""
+
+    pending = "pending"
+    queued = "queued"
+    scheduled = "scheduled"
+    starting = "starting"
+    running = "running"
+    parking = "parking"
+    parked = "parked"
+    removing = "removing"
+    removed = "removed"
+    failed = "failed"
+
+
+TERMINAL_STATES = frozenset({WorkloadState.removed})
+"""States a workload never leaves."""
+
+
+class IntentAction(StrEnum):
+    """What an intent asks the scheduler to do."""
+
+    create = "create"
+    park = "park"
+    resume = "resume"
+    remove = "remove"
+
+
+class WorkloadIntent(Message):
+    """`intent.<region>.workload.<id>`: one thing a user asked of one workload.
+
+    `intent_id` is unique per intent and is its `Nats-Msg-Id`, so a republished outbox row is
+    dropped by JetStream and ignored by the scheduler.
+    """
+
+    intent_id: str
+    action: IntentAction
+    workload_id: str
+    tenant_id: str
+    region: str
+    kind: WorkloadKind
+    class_name: str = Field(alias="class")
+    count: int = Field(default=1, ge=1)
+    spec: dict[str, Any] = Field(default_factory=dict)
+    fallback: list[str] = Field(default_factory=list)
+    at: datetime = Field(default_factory=utcnow)
+
+
+class EventKind(StrEnum):
+    """A timeline entry changes the state (transition) or records a decision (note)."""
+
+    transition = "transition"
+    note = "note"
+
+
+class Placement(Message):
+    """Where a workload actually runs."""
+
+    region: str
+    machine: str
+    placed_class: str
+
+
+class WorkloadEvent(Message):
+    """`event.workload.<id>`: one timeline entry, published by the scheduler.
+
+    `event_id` is unique, the `Nats-Msg-Id` of its publish and the key that makes consuming it
+    idempotent. `seq` orders a workload's events (the scheduler's own counter), so a reader can
+    ignore an event older than the state it already holds.
+    """
+
+    event_id: str
+    workload_id: str
+    tenant_id: str
+    kind: EventKind
+    state: WorkloadState
+    reason: str
+    seq: int = Field(ge=0)
+    at: datetime = Field(default_factory=utcnow)
+    placement: Placement | None = None
+    request_id: str | None = None

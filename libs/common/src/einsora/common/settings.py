@@ -1,0 +1,54 @@
+"""Settings: one typed object, built once at start-up from `EINSORA_*` variables and flags.
+
+Nothing in Einsora reads the environment at import time; a command builds `Settings()` (or
+`Settings(**overrides)` from its flags) and passes it down.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_data_dir() -> Path:
+    """`${XDG_DATA_HOME:-~/.local/share}/einsora`."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "einsora"
+
+
+class Settings(BaseSettings):
+    """Everything a service or the agent needs to know about where things are."""
+
+    model_config = SettingsConfigDict(env_prefix="EINSORA_", extra="ignore")
+
+    nats_url: str | None = Field(
+        default=None,
+        description="An external NATS server. Unset: services use nats://127.0.0.1:<nats_port>, "
+        "and Solo starts its own server there.",
+    )
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL of the store; unset: SQLite at <data_dir>/einsora.db",
+    )
+    data_dir: Path = Field(default_factory=default_data_dir)
+    region: str = "local"
+    api_port: int = Field(default=8080, ge=0, le=65535)
+    proxy_port: int = Field(default=8081, ge=0, le=65535)
+    gateway_port: int = Field(default=8082, ge=0, le=65535)
+    nats_port: int = Field(default=4222, ge=0, le=65535)
+    bind_host: str = "127.0.0.1"
+    log_level: str = "INFO"
+    log_format: str = Field(default="json", pattern="^(json|text)$")
+
+    @property
+    def effective_nats_url(self) -> str:
+        return self.nats_url or f"nats://127.0.0.1:{self.nats_port}"
+
+    @property
+    def effective_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite+aiosqlite:///{self.data_dir / 'einsora.db'}"

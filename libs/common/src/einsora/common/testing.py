@@ -1,0 +1,96 @@
+"""Pytest fixtures shared by every package's tests (loaded as the `einsora` pytest plugin).
+
+Real servers, never mocks: a real `nats-server` on a free port with a temporary store, which a
+test can stop, kill and restart; a fresh SQLite file per test. Postgres fixtures live in
+`einsora.store.testing`, beside the store they exercise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from einsora.common.bus import connect, names, provision
+from einsora.common.embedded_nats import EmbeddedNats
+
+
+@dataclass
+class Bus:
+    """A connected client on a provisioned server."""
+
+    nc: NATS
+    js: JetStreamContext
+    url: str
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
+    """One real nats-server for the whole test session (do not stop it; see `own_nats_server`)."""
+    server = EmbeddedNats(tmp_path_factory.mktemp("nats"), port=0)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    """A real nats-server for one test, which it may stop, kill and restart on the same port."""
+    server = EmbeddedNats(tmp_path / "nats", port=0)
+    server.start()
+    yield server
+    server.stop()
+
+
+async def _purge_all(js: JetStreamContext) -> None:
+    for stream in [s.name for s in names.STREAMS] + [b.stream for b in names.BUCKETS]:
+        with contextlib.suppress(NotFoundError):
+            await js.purge_stream(stream)
+        # Consumers left by a test would see the next test's messages.
+        try:
+            for info in await js.consumers_info(stream):
+                await js.delete_consumer(stream, info.name)
+        except NotFoundError:
+            pass
+
+
+@pytest_asyncio.fixture
+async def bus(nats_server: EmbeddedNats) -> AsyncIterator[Bus]:
+    """A client of the session's server, provisioned, with every stream and bucket empty."""
+    nc = await connect(nats_server.url, name="test")
+    js = nc.jetstream()
+    await provision(js)
+    await _purge_all(js)
+    try:
+        yield Bus(nc, js, nats_server.url)
+    finally:
+        await nc.close()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """A fresh SQLite database file for one test."""
+    return f"sqlite+aiosqlite:///{tmp_path / 'einsora.db'}"
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    """An empty Einsora data dir for one test."""
+    path = tmp_path / "data"
+    path.mkdir()
+    return path
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment for a service started as a subprocess by a test."""
+    env = dict(os.environ)
+    env.update(extra)
+    return env

@@ -1,0 +1,51 @@
+"""Async engines for `sqlite+aiosqlite` (WAL, foreign keys on) and `postgresql+asyncpg`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from einsora.common.errors import ConfigError
+
+_SUPPORTED = ("sqlite+aiosqlite", "postgresql+asyncpg")
+
+
+def is_sqlite(url: str | URL) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def is_postgres(url: str | URL) -> bool:
+    return make_url(url).get_backend_name() == "postgresql"
+
+
+def _on_sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
+    cursor = dbapi_conn.cursor()
+    # WAL lets readers proceed while one writer commits; NORMAL is durable in WAL mode up to
+    # the last checkpointed transaction and much faster than FULL.
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.close()
+
+
+def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
+    """An async engine for a supported URL; SQLite files get their parent directory created."""
+    parsed = make_url(url)
+    if parsed.drivername not in _SUPPORTED:
+        raise ConfigError(
+            f"unsupported database URL scheme {parsed.drivername!r}: use one of "
+            + ", ".join(_SUPPORTED)
+        )
+    if is_sqlite(parsed):
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_async_engine(parsed, **kwargs)
+        event.listen(engine.sync_engine, "connect", _on_sqlite_connect)
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_async_engine(parsed, **kwargs)

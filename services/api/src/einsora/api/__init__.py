@@ -1,0 +1,1 @@
+"""Einsora api service."""

@@ -1,0 +1,1 @@
+"""Einsora scheduler service."""
