@@ -82,6 +82,14 @@ def usage_allocation_subject(tenant_id: str) -> str:
     return f"usage.allocation.{_token(tenant_id)}"
 
 
+# --- request/reply services ------------------------------------------------------------------
+
+ACCESS_REDEEM_SUBJECT: Final = "access.redeem"
+"""Request/reply: the proxy redeems an access ticket; the api answers (queue group `api`)."""
+
+API_QUEUE_GROUP: Final = "api"
+"""Queue group of the api's request/reply handlers, so several api replicas share them."""
+
 # --- KV buckets -------------------------------------------------------------------------------
 
 

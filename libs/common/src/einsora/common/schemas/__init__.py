@@ -1,5 +1,6 @@
 """Versioned pydantic schemas of every message on the bus."""
 
+from einsora.common.schemas.access import AccessRedeemReply, AccessRedeemRequest, Route
 from einsora.common.schemas.base import Message, utcnow
 from einsora.common.schemas.machine import (
     DesiredState,
@@ -27,6 +28,8 @@ from einsora.common.schemas.workload import (
 
 __all__ = [
     "TERMINAL_STATES",
+    "AccessRedeemReply",
+    "AccessRedeemRequest",
     "DesiredState",
     "DesiredWorkload",
     "Endpoint",
@@ -41,6 +44,7 @@ __all__ = [
     "ObservedWorkload",
     "Placement",
     "Resources",
+    "Route",
     "Target",
     "WorkloadEvent",
     "WorkloadIntent",

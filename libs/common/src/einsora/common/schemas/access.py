@@ -1,0 +1,45 @@
+"""Routes (where a running workload answers) and access-ticket redemption.
+
+The scheduler writes a workload's `Route` to the `routes` bucket when it is running and deletes
+it when it stops; the proxy and gateway read it. The proxy redeems an access ticket by asking the
+api (`access.redeem`, request/reply), which owns the tickets and marks each used exactly once.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from einsora.common.schemas.base import Message
+from einsora.common.schemas.workload import WorkloadKind
+
+
+class Route(Message):
+    """`routes/<workload>`: where a running workload answers, and its own token."""
+
+    workload_id: str
+    tenant_id: str
+    kind: WorkloadKind
+    machine_id: str
+    host: str
+    port: int
+    token: str | None = None
+    """The workload's own token (Jupyter's), added by the proxy; never sent to a browser."""
+
+
+class AccessRedeemRequest(Message):
+    """The proxy asks the api to redeem `ticket` for the site of `workload_id`."""
+
+    ticket: str
+    workload_id: str
+    request_id: str
+
+
+class AccessRedeemReply(Message):
+    """The api's answer: `ok`, or why not (`unknown`, `used`, `expired`, `wrong_site`)."""
+
+    ok: bool
+    error: str | None = None
+    workload_id: str | None = None
+    tenant_id: str | None = None
+    user_id: str | None = None
+    expires_at: datetime | None = None

@@ -1,0 +1,101 @@
+"""The durable consumer's ack policy, against a real nats-server."""
+
+import asyncio
+
+from nats.aio.msg import Msg
+
+from einsora.common.bus import DurableConsumer, names, publish
+from einsora.common.errors import EinsoraError
+from einsora.common.schemas import EventKind, WorkloadEvent, WorkloadState
+from einsora.common.testing import Bus
+
+
+def _event(event_id: str) -> WorkloadEvent:
+    return WorkloadEvent(
+        event_id=event_id,
+        workload_id="w-1",
+        tenant_id="t-1",
+        kind=EventKind.note,
+        state=WorkloadState.queued,
+        reason="r",
+        seq=0,
+    )
+
+
+async def _wait(condition: asyncio.Event, within_s: float = 5) -> None:
+    await asyncio.wait_for(condition.wait(), within_s)
+
+
+async def test_transient_failure_is_retried_and_poison_is_terminated(bus: Bus) -> None:
+    handled: list[str] = []
+    attempts: dict[str, int] = {}
+    done = asyncio.Event()
+
+    async def handler(msg: Msg) -> None:
+        event = WorkloadEvent.from_bytes(msg.data)
+        attempts[event.event_id] = attempts.get(event.event_id, 0) + 1
+        if event.event_id == "ev-poison":
+            raise EinsoraError("cannot ever handle this", retryable=False)
+        if event.event_id == "ev-flaky" and attempts["ev-flaky"] == 1:
+            raise EinsoraError("store busy", retryable=True)
+        handled.append(event.event_id)
+        if event.event_id == "ev-last":
+            done.set()
+
+    consumer = DurableConsumer(
+        bus.js,
+        stream=names.EVENTS.name,
+        durable="test-consumer",
+        filter_subject=names.EVENTS_FILTER,
+        handler=handler,
+        backoff=(0.05,),
+    )
+    await consumer.start()
+    for event_id in ("ev-poison", "ev-flaky", "ev-ok"):
+        await publish(
+            bus.js, names.event_subject("w-1"), _event(event_id), request_id="r", msg_id=event_id
+        )
+    while "ev-flaky" not in handled:
+        await publish(
+            bus.js, names.event_subject("w-1"), _event("ev-last"), request_id="r", msg_id="ev-last"
+        )
+        await _wait(done)
+    await consumer.stop()
+
+    assert attempts["ev-poison"] == 1
+    assert attempts["ev-flaky"] == 2
+    assert set(handled) == {"ev-flaky", "ev-ok", "ev-last"}
+    info = await bus.js.consumer_info(names.EVENTS.name, "test-consumer")
+    assert info.num_ack_pending == 0
+    assert info.num_pending == 0
+
+
+async def test_a_restarted_consumer_resumes_where_it_stopped(bus: Bus) -> None:
+    seen: list[str] = []
+    got = asyncio.Event()
+
+    async def handler(msg: Msg) -> None:
+        seen.append(WorkloadEvent.from_bytes(msg.data).event_id)
+        got.set()
+
+    def make() -> DurableConsumer:
+        return DurableConsumer(
+            bus.js,
+            stream=names.EVENTS.name,
+            durable="resume",
+            filter_subject=names.EVENTS_FILTER,
+            handler=handler,
+        )
+
+    first = make()
+    await first.start()
+    await publish(bus.js, names.event_subject("w-1"), _event("ev-1"), request_id="r", msg_id="ev-1")
+    await _wait(got)
+    await first.stop()
+    got.clear()
+    await publish(bus.js, names.event_subject("w-1"), _event("ev-2"), request_id="r", msg_id="ev-2")
+    second = make()
+    await second.start()
+    await _wait(got)
+    await second.stop()
+    assert seen == ["ev-1", "ev-2"]
