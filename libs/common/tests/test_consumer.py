@@ -1,6 +1,7 @@
 """The durable consumer's ack policy, against a real nats-server."""
 
 import asyncio
+import secrets
 
 from nats.aio.msg import Msg
 
@@ -9,10 +10,14 @@ from einsora.common.errors import EinsoraError
 from einsora.common.schemas import EventKind, WorkloadEvent, WorkloadState
 from einsora.common.testing import Bus
 
+# The session's server remembers message ids for its duplicate window across tests, so every
+# test uses ids of its own.
+RUN = secrets.token_hex(4)
+
 
 def _event(event_id: str) -> WorkloadEvent:
     return WorkloadEvent(
-        event_id=event_id,
+        event_id=f"{event_id}-{RUN}",
         workload_id="w-1",
         tenant_id="t-1",
         kind=EventKind.note,
@@ -20,6 +25,11 @@ def _event(event_id: str) -> WorkloadEvent:
         reason="r",
         seq=0,
     )
+
+
+async def _send(bus: Bus, name: str) -> None:
+    event = _event(name)
+    await publish(bus.js, names.event_subject("w-1"), event, request_id="r", msg_id=event.event_id)
 
 
 async def _wait(condition: asyncio.Event, within_s: float = 5) -> None:
@@ -33,13 +43,14 @@ async def test_transient_failure_is_retried_and_poison_is_terminated(bus: Bus) -
 
     async def handler(msg: Msg) -> None:
         event = WorkloadEvent.from_bytes(msg.data)
-        attempts[event.event_id] = attempts.get(event.event_id, 0) + 1
-        if event.event_id == "ev-poison":
+        name = event.event_id.removesuffix(f"-{RUN}")
+        attempts[name] = attempts.get(name, 0) + 1
+        if name == "ev-poison":
             raise EinsoraError("cannot ever handle this", retryable=False)
-        if event.event_id == "ev-flaky" and attempts["ev-flaky"] == 1:
+        if name == "ev-flaky" and attempts["ev-flaky"] == 1:
             raise EinsoraError("store busy", retryable=True)
-        handled.append(event.event_id)
-        if event.event_id == "ev-last":
+        handled.append(name)
+        if name == "ev-last":
             done.set()
 
     consumer = DurableConsumer(
@@ -53,11 +64,19 @@ async def test_transient_failure_is_retried_and_poison_is_terminated(bus: Bus) -
     await consumer.start()
     for event_id in ("ev-poison", "ev-flaky", "ev-ok"):
         await publish(
-            bus.js, names.event_subject("w-1"), _event(event_id), request_id="r", msg_id=event_id
+            bus.js,
+            names.event_subject("w-1"),
+            _event(event_id),
+            request_id="r",
+            msg_id=f"{event_id}-{RUN}",
         )
     while "ev-flaky" not in handled:
         await publish(
-            bus.js, names.event_subject("w-1"), _event("ev-last"), request_id="r", msg_id="ev-last"
+            bus.js,
+            names.event_subject("w-1"),
+            _event("ev-last"),
+            request_id="r",
+            msg_id=f"ev-last-{RUN}",
         )
         await _wait(done)
     await consumer.stop()
@@ -75,7 +94,7 @@ async def test_a_restarted_consumer_resumes_where_it_stopped(bus: Bus) -> None:
     got = asyncio.Event()
 
     async def handler(msg: Msg) -> None:
-        seen.append(WorkloadEvent.from_bytes(msg.data).event_id)
+        seen.append(WorkloadEvent.from_bytes(msg.data).event_id.removesuffix(f"-{RUN}"))
         got.set()
 
     def make() -> DurableConsumer:
@@ -89,11 +108,11 @@ async def test_a_restarted_consumer_resumes_where_it_stopped(bus: Bus) -> None:
 
     first = make()
     await first.start()
-    await publish(bus.js, names.event_subject("w-1"), _event("ev-1"), request_id="r", msg_id="ev-1")
+    await _send(bus, "ev-1")
     await _wait(got)
     await first.stop()
     got.clear()
-    await publish(bus.js, names.event_subject("w-1"), _event("ev-2"), request_id="r", msg_id="ev-2")
+    await _send(bus, "ev-2")
     second = make()
     await second.start()
     await _wait(got)

@@ -51,6 +51,18 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+def _die_with_parent() -> None:
+    """Linux: the server gets SIGTERM if the process that started it dies, even by SIGKILL.
+
+    An embedded server outliving its owner would hold the port and the JetStream store.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 class EmbeddedNats:
     """One nats-server process with JetStream under `data_dir`.
 
@@ -131,6 +143,7 @@ jetstream {{
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C in a terminal reaches us, and we stop it in order
+            preexec_fn=_die_with_parent,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -89,7 +89,11 @@ class DurableConsumer:
 
     async def _run(self) -> None:
         sub = None
+        me = asyncio.current_task()
         while not self._stopping.is_set():
+            if me is not None and me.cancelling():
+                # nats-py turns a cancelled fetch into a timeout; do not loop on after cancel().
+                raise asyncio.CancelledError
             try:
                 if sub is None:
                     sub = await self._js.pull_subscribe_bind(
