@@ -1,0 +1,57 @@
+"""The API client commands of `einsora`: launch, ls, show, events, park, resume, rm, open,
+export, tokens, classes, machines, usage, login.
+
+Exit codes: 0 success, 1 the API refused (its message and request ID are printed), 2 a usage
+error, 3 the API cannot be reached (the URL tried is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from einsora.cli.client import ApiClient, ApiRefused, ApiUnreachable
+from einsora.cli.commands import catalog, tokens, workloads
+from einsora.cli.config import resolve
+
+Action = Callable[[ApiClient, argparse.Namespace], int]
+
+EXIT_REFUSED = 1
+EXIT_UNREACHABLE = 3
+
+
+def _common() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--api", help="API URL (default: $EINSORA_API, else the local Solo)")
+    parent.add_argument("--json", action="store_true", help="print JSON for scripts")
+    return parent
+
+
+def run_action(action: Action) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        config = resolve(args.api)
+        client = ApiClient(config.api_url, config.token)
+        try:
+            return action(client, args)
+        except ApiRefused as exc:
+            print(f"einsora: {exc.message} ({exc.error}, HTTP {exc.status})", file=sys.stderr)
+            if exc.request_id:
+                print(f"request ID: {exc.request_id}", file=sys.stderr)
+            if exc.status == 401 and config.token is None:
+                print("no token found: set EINSORA_TOKEN or run `einsora login`", file=sys.stderr)
+            return EXIT_REFUSED
+        except ApiUnreachable as exc:
+            print(f"einsora: {exc.message}", file=sys.stderr)
+            return EXIT_UNREACHABLE
+
+    return run
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parent = _common()
+    for module in (workloads, tokens, catalog):
+        for name, help_text, configure, action in module.COMMANDS:
+            parser = subparsers.add_parser(name, help=help_text, parents=[parent])
+            configure(parser)
+            parser.set_defaults(func=run_action(action))

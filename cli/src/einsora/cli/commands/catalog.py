@@ -1,0 +1,80 @@
+"""`einsora classes`, `machines`, `usage`, `login`: what there is, and who I am."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+from typing import Any
+
+from einsora.cli import render
+from einsora.cli.client import ApiClient
+from einsora.cli.config import save_login
+
+
+def _classes(client: ApiClient, args: argparse.Namespace) -> int:
+    items = client.paginate("/v1/classes")
+    if args.json:
+        render.as_json(items)
+        return 0
+    rows = [
+        (c["name"], c.get("accelerator"), c.get("memory_gib"), ",".join(c.get("regions") or []))
+        for c in items
+    ]
+    render.table(rows, ["class", "accelerator", "memory GiB", "regions"])
+    return 0
+
+
+def _machines(client: ApiClient, args: argparse.Namespace) -> int:
+    items = client.paginate("/v1/machines")
+    if args.json:
+        render.as_json(items)
+        return 0
+    rows = []
+    for m in items:
+        inv: dict[str, Any] = m.get("inventory") or {}
+        gpus = inv.get("gpus") or []
+        rows.append(
+            (
+                m.get("id") or m.get("machine_id"),
+                m.get("region") or inv.get("region"),
+                inv.get("cpus"),
+                f"{(inv.get('memory_mib') or 0) // 1024} GiB",
+                f"{len(gpus)}x {gpus[0]['model']}" if gpus else "-",
+                render.ago(m.get("heartbeat_at")),
+            )
+        )
+    render.table(rows, ["machine", "region", "cpus", "memory", "gpus", "heartbeat"])
+    return 0
+
+
+def _usage(client: ApiClient, args: argparse.Namespace) -> int:
+    usage = client.get("/v1/usage")
+    # Accounting's figures are nested per tenant and resource; JSON is the readable form too.
+    render.as_json(usage)
+    return 0
+
+
+def _login(client: ApiClient, args: argparse.Namespace) -> int:
+    token = os.environ.get("EINSORA_TOKEN") or getpass.getpass("API token (tsk_…): ").strip()
+    checked = ApiClient(client.base_url, token)
+    me = checked.get("/v1/me")
+    path = save_login(client.base_url, token)
+    if args.json:
+        render.as_json(me)
+    else:
+        user, tenant = me["user"]["username"], me["tenant"]["name"]
+        print(f"logged in to {client.base_url} as {user} ({tenant}); saved in {path}")
+    return 0
+
+
+def _none(_: argparse.ArgumentParser) -> None:
+    return None
+
+
+COMMANDS = [
+    ("classes", "list the GPU and CPU classes on offer", _none, _classes),
+    ("machines", "list the machines and their inventory", _none, _machines),
+    ("usage", "show usage (allocations and tokens)", _none, _usage),
+    ("login", "check an API token and save it for later commands", _none, _login),
+]

@@ -1,0 +1,214 @@
+"""Workload commands: launch, ls, show, events, park, resume, rm, open, export."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import webbrowser
+from pathlib import Path
+from typing import Any
+
+from einsora.cli import render
+from einsora.cli.client import ApiClient
+from einsora.cli.export import build_export
+
+SETTLED = {"running", "failed", "removed", "parked"}
+POLL_S = 0.5
+
+
+def _launch_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("kind", choices=["notebook", "endpoint", "vm"])
+    parser.add_argument("--class", dest="class_name", required=True, help="e.g. cpu-1c-2g")
+    parser.add_argument("--name")
+    parser.add_argument("--region")
+    parser.add_argument("--count", type=int)
+    parser.add_argument("--fallback", help="comma-separated substitute classes, in order")
+    parser.add_argument("--spec", help="JSON object with the workload's spec")
+    parser.add_argument("--wait", action="store_true", help="follow the timeline until running")
+
+
+def _launch(client: ApiClient, args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"kind": args.kind, "class": args.class_name}
+    for key in ("name", "region", "count"):
+        if getattr(args, key) is not None:
+            body[key] = getattr(args, key)
+    if args.fallback:
+        body["fallback"] = [c.strip() for c in args.fallback.split(",") if c.strip()]
+    if args.spec:
+        try:
+            body["spec"] = json.loads(args.spec)
+        except ValueError as exc:
+            print(f"einsora: --spec is not valid JSON: {exc}", file=sys.stderr)
+            return 2
+    workload = client.post("/v1/workloads", body)
+    if not args.wait:
+        _print_workload(workload, args.json)
+        return 0
+    final = _follow_until_settled(client, workload["id"], quiet=args.json)
+    if args.json:
+        render.as_json(final)
+    elif final["state"] == "running":
+        print(f"{final['id']} is running. Open it with: einsora open {final['id']}")
+    return 0 if final["state"] == "running" else 1
+
+
+def _follow_until_settled(client: ApiClient, workload_id: str, *, quiet: bool) -> Any:
+    """A live status line from the timeline until the workload settles."""
+    seen = 0
+    started = time.monotonic()
+    tty = sys.stderr.isatty()
+    while True:
+        events = client.paginate(f"/v1/workloads/{workload_id}/events")
+        for entry in events[seen:]:
+            if not quiet:
+                line = f"[{time.monotonic() - started:5.1f}s] {entry['state']}: {entry['reason']}"
+                sys.stderr.write(("\r\033[K" if tty else "") + line + ("" if tty else "\n"))
+                sys.stderr.flush()
+        seen = len(events)
+        workload = client.get(f"/v1/workloads/{workload_id}")
+        if workload["state"] in SETTLED:
+            if not quiet and tty:
+                sys.stderr.write("\n")
+            return workload
+        time.sleep(POLL_S)
+
+
+def _ls_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--state")
+    parser.add_argument("--kind", choices=["notebook", "endpoint", "vm"])
+
+
+def _ls(client: ApiClient, args: argparse.Namespace) -> int:
+    items = client.paginate("/v1/workloads", state=args.state, kind=args.kind, limit=200)
+    if args.json:
+        render.as_json(items)
+        return 0
+    rows = [
+        (
+            w["id"],
+            w.get("name"),
+            w["kind"],
+            w["class"],
+            w["state"],
+            (w.get("placement") or {}).get("machine"),
+            render.ago(w.get("created_at")),
+        )
+        for w in items
+    ]
+    render.table(rows, ["id", "name", "kind", "class", "state", "machine", "created"])
+    return 0
+
+
+def _id_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("id", help="the workload's id (w-…)")
+
+
+def _print_workload(workload: Any, as_json: bool) -> None:
+    if as_json:
+        render.as_json(workload)
+        return
+    placement = workload.get("placement") or {}
+    for label, value in (
+        ("id", workload["id"]),
+        ("name", workload.get("name")),
+        ("kind", workload["kind"]),
+        ("class", workload["class"]),
+        ("region", workload.get("region")),
+        ("state", workload["state"]),
+        ("machine", placement.get("machine")),
+        ("created", workload.get("created_at")),
+    ):
+        print(f"{label:8} {value if value is not None else '-'}")
+
+
+def _show(client: ApiClient, args: argparse.Namespace) -> int:
+    _print_workload(client.get(f"/v1/workloads/{args.id}"), args.json)
+    return 0
+
+
+def _events_args(parser: argparse.ArgumentParser) -> None:
+    _id_arg(parser)
+    parser.add_argument("--follow", "-f", action="store_true", help="keep printing new entries")
+
+
+def _events(client: ApiClient, args: argparse.Namespace) -> int:
+    seen = 0
+    while True:
+        events = client.paginate(f"/v1/workloads/{args.id}/events")
+        for entry in events[seen:]:
+            if args.json:
+                print(json.dumps(entry), flush=True)
+            else:
+                print(
+                    f"{entry['at']}  {entry['kind']:10}  {entry['state']:9}  {entry['reason']}",
+                    flush=True,
+                )
+        seen = len(events)
+        if not args.follow:
+            return 0
+        time.sleep(POLL_S)
+
+
+def _action(verb: str) -> Any:
+    def run(client: ApiClient, args: argparse.Namespace) -> int:
+        workload = client.post(f"/v1/workloads/{args.id}/{verb}")
+        _print_workload(workload, args.json)
+        return 0
+
+    return run
+
+
+def _rm(client: ApiClient, args: argparse.Namespace) -> int:
+    workload = client.delete(f"/v1/workloads/{args.id}")
+    if workload is not None:
+        _print_workload(workload, args.json)
+    return 0
+
+
+def _open(client: ApiClient, args: argparse.Namespace) -> int:
+    access = client.post(f"/v1/workloads/{args.id}/access")
+    if args.json:
+        render.as_json(access)
+        return 0
+    url = access["url"]
+    opened = False
+    try:
+        opened = webbrowser.open(url)
+    except webbrowser.Error:
+        opened = False
+    if opened:
+        print(f"opened {args.id} in your browser (the link works once, for 60 s)")
+    else:
+        print(f"open this link within 60 s (it works once):\n{url}")
+    return 0
+
+
+def _export_args(parser: argparse.ArgumentParser) -> None:
+    _id_arg(parser)
+    parser.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
+
+
+def _export(client: ApiClient, args: argparse.Namespace) -> int:
+    document = build_export(client, args.id)
+    text = json.dumps(document, indent=2, sort_keys=True) + "\n"
+    if args.output:
+        args.output.write_text(text)
+        print(f"wrote {args.output} ({len(document['redactions'])} redactions)", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+COMMANDS = [
+    ("launch", "launch a workload", _launch_args, _launch),
+    ("ls", "list workloads", _ls_args, _ls),
+    ("show", "show one workload", _id_arg, _show),
+    ("events", "show a workload's timeline", _events_args, _events),
+    ("park", "park a workload (release its GPUs, keep its disk)", _id_arg, _action("park")),
+    ("resume", "resume a parked workload", _id_arg, _action("resume")),
+    ("rm", "remove a workload", _id_arg, _rm),
+    ("open", "open a running workload's web UI in the browser", _id_arg, _open),
+    ("export", "export a workload's inputs, timeline and usage as JSON", _export_args, _export),
+]
