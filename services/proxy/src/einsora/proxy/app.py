@@ -1,0 +1,200 @@
+"""The proxy's HTTP application: ticket redemption, the session check, and forwarding.
+
+Every request is routed on its `Host` header alone. `/_einsora/enter?ticket=…` redeems a ticket
+exactly once (the api decides, atomically) and answers with a host-only cookie and a redirect to a
+ticket-free URL. Everything else needs that site's cookie; state-changing requests and WebSocket
+upgrades must also come from the site's own origin, because the token the proxy injects turns off
+the workload's own CSRF defence.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+import aiohttp
+from aiohttp import web
+from nats.aio.client import Client as NATS
+
+from einsora.common import logs
+from einsora.common.bus import names
+from einsora.common.ids import new_id
+from einsora.common.schemas import AccessRedeemReply, AccessRedeemRequest, WorkloadKind
+from einsora.proxy.forward import forward_http, forward_websocket
+from einsora.proxy.routes import RouteTable
+from einsora.proxy.sessions import SessionStore
+from einsora.proxy.sites import SiteConfig
+
+log = logging.getLogger("einsora.proxy")
+
+ENTER_PATH = "/_einsora/enter"
+DASHBOARD_COOKIE = "einsora_session"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_SAFE_NEXT = re.compile(r"^/(?![/\\])[^\s\\]*$")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+@dataclass
+class ProxyState:
+    """What the handlers share."""
+
+    sites: SiteConfig
+    routes: RouteTable
+    sessions: SessionStore
+    nc: NATS
+    client: aiohttp.ClientSession
+
+    @property
+    def cookie_name(self) -> str:
+        return "__Host-einsora-site" if self.sites.tls else "einsora-site"
+
+
+STATE = web.AppKey("state", ProxyState)
+
+
+def _plain(status: int, text: str, request_id: str) -> web.Response:
+    return web.Response(
+        status=status,
+        text=text + "\n",
+        content_type="text/plain",
+        headers={
+            "X-Request-ID": request_id,
+            "Cache-Control": "no-store",
+            "Referrer-Policy": "no-referrer",
+        },
+    )
+
+
+def safe_next(value: str | None, default: str) -> str:
+    """A same-site path to go to after entering, or `default` (open redirects refused)."""
+    if not value:
+        return default
+    decoded = value
+    for _ in range(3):  # encoded forms: %2F%2Fevil, %5Cevil, double encoding
+        decoded = unquote(decoded)
+    if not _SAFE_NEXT.match(value) or not _SAFE_NEXT.match(decoded):
+        return default
+    return value
+
+
+async def handle(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    incoming = request.headers.get("X-Request-ID", "")
+    request_id = incoming if _REQUEST_ID.match(incoming) else new_id("request")
+    workload_id = state.sites.workload_of(request.headers.get("Host"))
+    with logs.bind(request_id=request_id, subject=workload_id):
+        if not request.raw_path.startswith("/"):
+            return _plain(400, "Bad request: absolute URIs are not accepted.", request_id)
+        if workload_id is None:
+            return _plain(404, "No such site.", request_id)
+        route = state.routes.get(workload_id)
+        if route is None:
+            return _plain(404, "This workload is not running.", request_id)
+        if request.path == ENTER_PATH:
+            return await _enter(request, state, workload_id, route.kind, request_id)
+        session = state.sessions.get(request.cookies.get(state.cookie_name), workload_id)
+        if session is None:
+            return _plain(403, "Open this workload from Einsora to get access.", request_id)
+        if not _same_origin(request, state.sites.origin_of(workload_id)):
+            log.warning("cross-origin request refused", extra={"method": request.method})
+            return _plain(403, "Cross-site requests are refused.", request_id)
+        drop = (state.cookie_name, DASHBOARD_COOKIE)
+        try:
+            if _is_websocket(request):
+                return await forward_websocket(
+                    request, state.client, route, drop, session.closers.append
+                )
+            response = await forward_http(
+                request, state.client, route, state.sites.origin_of(workload_id), drop
+            )
+        except (aiohttp.ClientError, OSError) as exc:
+            log.warning("workload unreachable", extra={"error": exc.__class__.__name__})
+            return _plain(502, "The workload did not answer.", request_id)
+        return response
+
+
+def _is_websocket(request: web.Request) -> bool:
+    return (
+        request.headers.get("Upgrade", "").lower() == "websocket"
+        and "upgrade" in request.headers.get("Connection", "").lower()
+    )
+
+
+def _same_origin(request: web.Request, site_origin: str) -> bool:
+    """Safe methods pass; anything else, and every upgrade, must come from the site itself."""
+    if request.method in SAFE_METHODS and not _is_websocket(request):
+        return True
+    origin = request.headers.get("Origin")
+    if origin is not None:
+        return origin == site_origin
+    fetch_site = request.headers.get("Sec-Fetch-Site")
+    if fetch_site is not None:
+        return fetch_site == "same-origin"
+    # No browser sends a cross-site upgrade without Origin; a non-browser client has no
+    # ambient cookie to abuse.
+    return not _is_websocket(request)
+
+
+async def _enter(
+    request: web.Request,
+    state: ProxyState,
+    workload_id: str,
+    kind: WorkloadKind,
+    request_id: str,
+) -> web.StreamResponse:
+    if request.method not in ("GET", "HEAD"):
+        return _plain(405, "Use the link as it was given.", request_id)
+    ticket = request.query.get("ticket", "")
+    if not ticket or len(ticket) > 256:
+        return _plain(403, "This access link is not valid.", request_id)
+    reply = await _redeem(state.nc, ticket, workload_id, request_id)
+    if not reply.ok:
+        log.info("ticket refused", extra={"reason": reply.error})
+        message = {
+            "used": "This access link was already used. Open the workload again from Einsora.",
+            "expired": "This access link has expired. Open the workload again from Einsora.",
+        }.get(reply.error or "", "This access link is not valid.")
+        status = 503 if reply.error == "unavailable" else 403
+        return _plain(status, message, request_id)
+    session_id = state.sessions.create(workload_id, reply.tenant_id, reply.user_id)
+    log.info("ticket redeemed", extra={"tenant": reply.tenant_id})
+    default = "/lab" if kind is WorkloadKind.notebook else "/"
+    response = web.HTTPSeeOther(
+        safe_next(request.query.get("next"), default),
+        headers={
+            "X-Request-ID": request_id,
+            "Cache-Control": "no-store",
+            "Referrer-Policy": "no-referrer",
+        },
+    )
+    response.set_cookie(
+        state.cookie_name,
+        session_id,
+        path="/",
+        httponly=True,
+        samesite="Lax",
+        secure=state.sites.tls,
+    )
+    return response
+
+
+async def _redeem(nc: NATS, ticket: str, workload_id: str, request_id: str) -> AccessRedeemReply:
+    ask = AccessRedeemRequest(ticket=ticket, workload_id=workload_id, request_id=request_id)
+    headers = {names.REQUEST_ID_HEADER: request_id}
+    try:
+        msg = await nc.request(
+            names.ACCESS_REDEEM_SUBJECT, ask.to_bytes(), timeout=5, headers=headers
+        )
+        return AccessRedeemReply.from_bytes(msg.data)
+    except Exception as exc:  # no responder, timeout, unreadable reply: refuse, never let in
+        log.warning("ticket redemption unavailable", extra={"error": exc.__class__.__name__})
+        return AccessRedeemReply(ok=False, error="unavailable")
+
+
+def create_app(state: ProxyState) -> web.Application:
+    app = web.Application(client_max_size=0, handler_args={"max_field_size": 16384})
+    app[STATE] = state
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app

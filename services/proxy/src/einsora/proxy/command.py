@@ -1,0 +1,40 @@
+"""`einsora proxy`: run the access proxy alone."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from pathlib import Path
+
+from einsora.common import logs
+from einsora.common.settings import Settings
+from einsora.proxy.service import ProxyService
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("proxy", help="run the access proxy alone")
+    parser.add_argument("--nats", help="NATS URL (default: $EINSORA_NATS_URL)")
+    parser.add_argument("--port", type=int, help="port to serve sites on (default 8081)")
+    parser.add_argument("--domain", default="localhost", help="sites are w-<id>.<domain>")
+    parser.add_argument("--tls", action="store_true", help="sites are served over TLS upstream")
+    parser.add_argument("--data-dir", type=Path)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = {"nats_url": args.nats, "proxy_port": args.port, "data_dir": args.data_dir}
+    settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    logs.configure(settings.log_level, settings.log_format)
+    return asyncio.run(_serve(ProxyService(settings, domain=args.domain, tls=args.tls)))
+
+
+async def _serve(service: ProxyService) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await service.start()
+    await stop.wait()
+    await service.stop()
+    return 0
