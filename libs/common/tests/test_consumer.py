@@ -2,6 +2,7 @@
 
 import asyncio
 import secrets
+from collections.abc import Sequence
 
 from nats.aio.msg import Msg
 
@@ -118,3 +119,49 @@ async def test_a_restarted_consumer_resumes_where_it_stopped(bus: Bus) -> None:
     await _wait(got)
     await second.stop()
     assert seen == ["ev-1", "ev-2"]
+
+
+async def test_a_batch_handler_takes_fetched_batches_and_falls_back_one_by_one(bus: Bus) -> None:
+    batches: list[list[str]] = []
+    singles: list[str] = []
+    done = asyncio.Event()
+
+    def name_of(msg: Msg) -> str:
+        return WorkloadEvent.from_bytes(msg.data).event_id.removesuffix(f"-{RUN}")
+
+    async def batch_handler(msgs: Sequence[Msg]) -> None:
+        names_in = [name_of(m) for m in msgs]
+        batches.append(names_in)
+        if "ev-b-poison" in names_in:
+            raise EinsoraError("one of these is poison", retryable=False)
+        if "ev-b-last" in names_in:
+            done.set()
+
+    async def handler(msg: Msg) -> None:
+        name = name_of(msg)
+        singles.append(name)
+        if name == "ev-b-poison":
+            raise EinsoraError("cannot ever handle this", retryable=False)
+        if name == "ev-b-last":
+            done.set()
+
+    for event_id in ("ev-b-1", "ev-b-2", "ev-b-poison", "ev-b-3"):
+        await _send(bus, event_id)
+    consumer = DurableConsumer(
+        bus.js,
+        stream=names.EVENTS.name,
+        durable="batch-consumer",
+        filter_subject=names.EVENTS_FILTER,
+        handler=handler,
+        batch_handler=batch_handler,
+    )
+    await consumer.start()
+    await _send(bus, "ev-b-last")
+    await _wait(done)
+    await consumer.stop()
+
+    assert batches[0][:4] == ["ev-b-1", "ev-b-2", "ev-b-poison", "ev-b-3"]
+    assert singles[:4] == ["ev-b-1", "ev-b-2", "ev-b-poison", "ev-b-3"]
+    info = await bus.js.consumer_info(names.EVENTS.name, "batch-consumer")
+    assert info.num_ack_pending == 0
+    assert info.num_pending == 0

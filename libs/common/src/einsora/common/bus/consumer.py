@@ -5,6 +5,10 @@ raises an `EinsoraError` decides by `retryable`: `nak` with a back-off for a tra
 `term` for a poison message (recorded, never retried). Any other exception is logged with the
 message and treated as transient, up to `max_deliver` deliveries. A lost connection or a fetch
 timeout never ends the loop; `stop()` does.
+
+A consumer may also take each fetched batch at once (`batch_handler`: one store transaction for
+many messages), all acked after it returns; when it raises, the batch is handled again one
+message at a time with `handler`, so each message still gets its own ack, nak or term.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from einsora.common.errors import EinsoraError
 log = logging.getLogger("einsora.bus.consumer")
 
 Handler = Callable[[Msg], Awaitable[None]]
+BatchHandler = Callable[[Sequence[Msg]], Awaitable[None]]
 
 
 class DurableConsumer:
@@ -45,12 +50,14 @@ class DurableConsumer:
         ack_wait: float = 30.0,
         max_ack_pending: int = 1000,
         fetch_wait_s: float = 0.5,
+        batch_handler: BatchHandler | None = None,
     ) -> None:
         self._js = js
         self._stream = stream
         self._durable = durable
         self._filter = filter_subject
         self._handler = handler
+        self._batch_handler = batch_handler
         self._batch = batch
         self._backoff = list(backoff)
         self._fetch_wait_s = fetch_wait_s
@@ -109,8 +116,26 @@ class DurableConsumer:
                 )
                 await asyncio.sleep(0.5)
                 continue
+            if self._batch_handler is not None and len(msgs) > 1:
+                await self._handle_batch(self._batch_handler, msgs)
+                continue
             for msg in msgs:
                 await self._handle(msg)
+
+    async def _handle_batch(self, batch_handler: BatchHandler, msgs: Sequence[Msg]) -> None:
+        try:
+            await batch_handler(msgs)
+        except Exception as exc:
+            # Handlers are idempotent, so what the batch did commit is skipped the second time.
+            log.warning(
+                "batch failed; handling its messages one by one",
+                extra={"consumer": self._durable, "size": len(msgs), "error": repr(exc)},
+            )
+            for msg in msgs:
+                await self._handle(msg)
+            return
+        for msg in msgs:
+            await _quietly(msg.ack())
 
     async def _handle(self, msg: Msg) -> None:
         request_id = names.REQUEST_ID_HEADER
