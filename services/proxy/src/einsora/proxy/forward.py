@@ -172,12 +172,12 @@ async def forward_http(
         length = upstream.content_length
         if length is not None and length <= SMALL_BODY and request.method != "HEAD":
             # Most answers are small: one read and one write beat a chunked stream.
-            body = await upstream.read()
+            payload = await upstream.read()
             if route.token:
-                body = body.replace(route.token.encode(), b"")
+                payload = payload.replace(route.token.encode(), b"")
             return web.Response(
                 status=upstream.status,
-                body=body,
+                body=payload,
                 headers=downstream_headers(upstream, route, site_origin, keep_length=False),
             )
         response = web.StreamResponse(
