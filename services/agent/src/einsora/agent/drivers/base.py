@@ -1,0 +1,79 @@
+"""The one small interface every driver implements: start, observe, stop, adopt.
+
+A driver knows how to run one kind of thing (nothing at all for `sim`, a local process for
+`process`); the supervisor above it decides *when* to start and stop. A driver never talks to the
+bus and never decides a workload's target: it only reports what it sees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from einsora.common.errors import EinsoraError
+from einsora.common.schemas import DesiredWorkload, Endpoint, ObservedPhase
+
+
+class StartFailed(EinsoraError):
+    """A workload could not be started; `message` says why in words a person can act on."""
+
+    code = "start_failed"
+
+
+@dataclass
+class Handle:
+    """What a driver returns for a workload it started or adopted."""
+
+    workload_id: str
+    started_at: datetime
+    pid: int | None = None
+    endpoint: Endpoint | None = None
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A driver's view of one workload now.
+
+    `phase` is `starting`, `running` or `failed`; `recheck_s` is when the driver wants to look
+    again (None: nothing will change on its own, wait for a new target).
+    """
+
+    phase: ObservedPhase
+    reason: str = ""
+    recheck_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Adoption:
+    """What a restarted agent found of a workload it had started: a handle, or why none."""
+
+    handle: Handle | None
+    reason: str = ""
+
+
+class Driver(Protocol):
+    """Runs workloads of one kind on this machine."""
+
+    name: str
+
+    async def start(self, workload: DesiredWorkload, workdir: Path | None) -> Handle:
+        """Start `workload` (raises StartFailed with the reason)."""
+        ...
+
+    async def observe(self, handle: Handle) -> Observation:
+        """Whether the workload is starting, running (its readiness probe answers) or failed."""
+        ...
+
+    async def stop(self, handle: Handle, grace_s: float) -> None:
+        """Stop it: a polite request, then force after `grace_s`. Idempotent."""
+        ...
+
+    def record(self, handle: Handle) -> dict[str, Any] | None:
+        """What to persist so a restarted agent can adopt it (None: nothing survives a restart)."""
+        ...
+
+    async def adopt(self, record: dict[str, Any]) -> Adoption:
+        """The workload of `record`, still running, or why it cannot be adopted."""
+        ...

@@ -1,0 +1,182 @@
+"""What to run for a workload: its command line, environment, directory and readiness probe.
+
+A notebook is a real Jupyter server on a free port whose token comes from the control plane; it
+is handed over in a 0600 file (`JUPYTER_TOKEN_FILE`), never on the command line (visible to every
+user in /proc) and never in a log line (Jupyter logs `?token=...` for a token it did not make).
+An endpoint runs `spec.command` serving on `$PORT`. Workloads get a small environment of their
+own, not the agent's: the agent's may hold bus credentials.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from einsora.agent.drivers.base import StartFailed
+from einsora.agent.drivers.probe import Probe
+from einsora.common.schemas import DesiredWorkload, WorkloadKind
+
+PASSED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "TZ", "TMPDIR")
+"""The only variables of the agent's own environment a workload inherits."""
+
+
+@dataclass(frozen=True)
+class WorkloadDirs:
+    """A workload's working directory `<data_dir>/workloads/<id>/` and what lies in it.
+
+    `home/` is the workload's own files (its current directory, Jupyter's root); `logs/` its
+    captured output; `jupyter/` Jupyter's runtime, data and config and the token file.
+    """
+
+    root: Path
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def stdout(self) -> Path:
+        return self.logs / "stdout.log"
+
+    @property
+    def stderr(self) -> Path:
+        return self.logs / "stderr.log"
+
+    @property
+    def jupyter(self) -> Path:
+        return self.root / "jupyter"
+
+    @property
+    def token_file(self) -> Path:
+        return self.jupyter / "token"
+
+    def create(self) -> None:
+        for path in (self.root, self.home, self.logs):
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """One process to start: argv, environment, current directory, and how to see it ready."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+    port: int
+    probe: Probe
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (the workload binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def base_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in PASSED_ENV}
+    env.setdefault("PATH", os.defpath)
+    env.update(extra or {})
+    return env
+
+
+def plan(workload: DesiredWorkload, dirs: WorkloadDirs, python: str) -> LaunchPlan:
+    """The launch plan of `workload`, or StartFailed saying what is wrong with its spec."""
+    if workload.kind is WorkloadKind.notebook:
+        return notebook_plan(workload, dirs, python)
+    if workload.kind is WorkloadKind.endpoint:
+        return endpoint_plan(workload, dirs)
+    raise StartFailed(
+        f"the process driver cannot run a {workload.kind.value} workload; "
+        "this machine needs a driver for it (e.g. libvirt for a vm)"
+    )
+
+
+def _spec_env(workload: DesiredWorkload) -> dict[str, str]:
+    env = workload.spec.get("env", {})
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise StartFailed("spec.env must be an object of strings to strings")
+    return dict(env)
+
+
+def notebook_plan(workload: DesiredWorkload, dirs: WorkloadDirs, python: str) -> LaunchPlan:
+    if not workload.access_token:
+        raise StartFailed("a notebook needs its access token from the control plane; none came")
+    if importlib.util.find_spec("jupyter_server") is None:
+        raise StartFailed(
+            "jupyter-server is not installed beside the agent: "
+            "pip install 'einsora-agent[notebook]' on this machine"
+        )
+    jupyter = dirs.jupyter
+    for sub in ("runtime", "data", "config", "ipython"):
+        (jupyter / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(dirs.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(workload.access_token)  # no newline: Jupyter reads the file as it is
+    port = free_port()
+    env = base_env(_spec_env(workload))
+    env.update(
+        {
+            "JUPYTER_TOKEN_FILE": str(dirs.token_file),
+            "JUPYTER_RUNTIME_DIR": str(jupyter / "runtime"),
+            "JUPYTER_DATA_DIR": str(jupyter / "data"),
+            "JUPYTER_CONFIG_DIR": str(jupyter / "config"),
+            "JUPYTER_PLATFORM_DIRS": "1",
+            "IPYTHONDIR": str(jupyter / "ipython"),
+        }
+    )
+    argv = [
+        python,
+        "-m",
+        "jupyter_server",
+        "--no-browser",
+        "--allow-root",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--ServerApp.root_dir={dirs.home}",
+    ]
+    probe = Probe(
+        kind="http",
+        port=port,
+        path="/api/status",
+        expect_status=200,
+        token_file=str(dirs.token_file),
+    )
+    return LaunchPlan(argv=argv, env=env, cwd=dirs.home, port=port, probe=probe)
+
+
+def endpoint_plan(workload: DesiredWorkload, dirs: WorkloadDirs) -> LaunchPlan:
+    command = workload.spec.get("command")
+    if (
+        not isinstance(command, list)
+        or not command
+        or not all(isinstance(a, str) and a for a in command)
+    ):
+        raise StartFailed(
+            'an endpoint needs spec.command, a list of strings such as ["python", "-m", '
+            '"http.server", "$PORT"]'
+        )
+    readiness = workload.spec.get("readiness", "http")
+    if readiness not in ("http", "tcp"):
+        raise StartFailed(f'spec.readiness must be "http" or "tcp", not {readiness!r}')
+    path = workload.spec.get("readiness_path", "/")
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise StartFailed(f'spec.readiness_path must be a path starting with "/", not {path!r}')
+    port = free_port()
+    argv = [a.replace("${PORT}", str(port)).replace("$PORT", str(port)) for a in command]
+    env = base_env(_spec_env(workload))
+    env["PORT"] = str(port)
+    probe = Probe(kind=readiness, port=port, path=path)
+    return LaunchPlan(argv=argv, env=env, cwd=dirs.home, port=port, probe=probe)

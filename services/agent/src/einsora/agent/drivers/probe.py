@@ -1,0 +1,107 @@
+"""Readiness probes: a workload is running once its probe answers.
+
+Kept free of any HTTP library (the agent installs with few dependencies): a TCP connect, or one
+HTTP/1.1 GET whose status line is read and judged. The token of a notebook is read from its
+token file at probe time and sent in a header, never in a URL or a log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+PROBE_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class Probe:
+    """How to tell that a workload serving at `host:port` is ready.
+
+    `kind` is `tcp` (a connection is accepted) or `http` (a GET of `path` answers with
+    `expect_status`, or with any status below 500 when it is None).
+    """
+
+    kind: Literal["tcp", "http"]
+    port: int
+    host: str = "127.0.0.1"
+    path: str = "/"
+    expect_status: int | None = None
+    token_file: str | None = None
+    """A file holding a token to send as `Authorization: token …`."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "port": self.port,
+            "host": self.host,
+            "path": self.path,
+            "expect_status": self.expect_status,
+            "token_file": self.token_file,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Probe:
+        kind = data.get("kind")
+        if kind not in ("tcp", "http"):
+            raise ValueError(f"unknown probe kind {kind!r}")
+        return cls(
+            kind=kind,
+            port=int(data["port"]),
+            host=str(data.get("host", "127.0.0.1")),
+            path=str(data.get("path", "/")),
+            expect_status=None if data.get("expect_status") is None else int(data["expect_status"]),
+            token_file=None if data.get("token_file") is None else str(data["token_file"]),
+        )
+
+
+async def check(probe: Probe, limit_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether the probe answers within `limit_s` (never raises)."""
+    try:
+        async with asyncio.timeout(limit_s):
+            return await _check(probe)
+    except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError):
+        return False
+
+
+async def http_status(
+    host: str, port: int, path: str, headers: dict[str, str] | None = None
+) -> int:
+    """The status code of one GET (raises OSError or ValueError when there is no answer)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        lines = [f"GET {path} HTTP/1.1", f"Host: {host}:{port}", "Connection: close"]
+        lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        await writer.drain()
+        status_line = await reader.readline()
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+    parts = status_line.decode("latin-1").split()
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+        raise ValueError(f"not an HTTP answer: {status_line[:80]!r}")
+    return int(parts[1])
+
+
+def _read_token(path: str) -> str:
+    return Path(path).read_text().strip()
+
+
+async def _check(probe: Probe) -> bool:
+    if probe.kind == "tcp":
+        _, writer = await asyncio.open_connection(probe.host, probe.port)
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
+    headers: dict[str, str] = {}
+    if probe.token_file is not None:
+        headers["Authorization"] = f"token {_read_token(probe.token_file)}"
+    status = await http_status(probe.host, probe.port, probe.path, headers)
+    if probe.expect_status is not None:
+        return status == probe.expect_status
+    return status < 500

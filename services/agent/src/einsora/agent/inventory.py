@@ -1,0 +1,90 @@
+"""What this machine has: OS, architecture, CPUs, memory, GPUs, and the drivers the agent runs.
+
+GPUs come from NVML where present; on a Mac with Apple Silicon, the chip and its unified memory
+come from `sysctl` and are reported as one GPU of model `Apple Silicon` (the catalog's
+`apple-silicon-<n>gb` classes match it). The inventory reports; it never decides the machine's
+owner, region or sharing.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import socket
+import subprocess
+from importlib.metadata import PackageNotFoundError, version
+
+import psutil
+
+from einsora.agent.nvml import nvidia_gpus
+from einsora.common.schemas import Gpu, Inventory
+
+log = logging.getLogger("einsora.agent")
+
+MIB = 1024 * 1024
+
+
+def agent_version() -> str:
+    try:
+        return version("einsora-agent")
+    except PackageNotFoundError:
+        return ""
+
+
+def _sysctl(name: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["/usr/sbin/sysctl", "-n", name], capture_output=True, text=True, timeout=5, check=True
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.debug("sysctl failed", extra={"name": name, "error": repr(exc)})
+        return None
+    return out.stdout.strip() or None
+
+
+def apple_silicon() -> tuple[str, int] | None:
+    """(chip, unified memory MiB) on a Mac with Apple Silicon, else None."""
+    if platform.system() != "Darwin" or platform.machine() != "arm64":
+        return None
+    chip = _sysctl("machdep.cpu.brand_string") or "Apple Silicon"
+    memsize = _sysctl("hw.memsize")
+    memory = (
+        int(memsize) // MIB
+        if memsize and memsize.isdigit()
+        else psutil.virtual_memory().total // MIB
+    )
+    return chip, memory
+
+
+def collect(machine_id: str, region: str, drivers: list[str]) -> Inventory:
+    """This machine's inventory now (blocking: NVML and sysctl may take a moment)."""
+    gpus = nvidia_gpus()
+    apple = apple_silicon()
+    if apple is not None:
+        gpus.append(
+            Gpu(
+                index=len(gpus),
+                uuid=f"apple-{machine_id}",
+                model="Apple Silicon",
+                memory_mib=apple[1],
+            )
+        )
+    return Inventory(
+        machine_id=machine_id,
+        region=region,
+        hostname=socket.gethostname(),
+        os=platform.system().lower(),
+        arch=platform.machine(),
+        cpus=psutil.cpu_count(logical=True) or 1,
+        memory_mib=psutil.virtual_memory().total // MIB,
+        gpus=gpus,
+        apple_chip=None if apple is None else apple[0],
+        unified_memory_mib=None if apple is None else apple[1],
+        drivers=drivers,
+        agent_version=agent_version(),
+    )
+
+
+def same(a: Inventory, b: Inventory) -> bool:
+    """Whether two inventories say the same thing (their time aside)."""
+    return a.model_dump(exclude={"at"}) == b.model_dump(exclude={"at"})

@@ -1,0 +1,267 @@
+"""One machine's sync with the control plane: watch its desired state, converge, report.
+
+The desired state is level-triggered and complete. The first read after a start (and after each
+reconnect) is a direct get of the key; then the machine's pinned, filtered watch delivers every
+change. A generation lower than the one applied is never acted on: it makes the machine read
+the key again instead. Converging only sets each workload's goal (its supervisor does the slow
+work), so it is instant, and a change arriving while workloads start or stop is simply the next
+goal: changes coalesce by construction.
+
+It never reads or writes another machine's keys, and never calls `js.key_value()` or nats-py's
+`kv.watch` (DESIGN.md, "Agents are untrusted clients of the bus").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import nats.errors
+from nats.js import JetStreamContext
+from nats.js.errors import KeyNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
+from pydantic import ValidationError
+
+from einsora.agent.converge import Goal, plan
+from einsora.agent.drivers import Driver
+from einsora.agent.records import RecordStore
+from einsora.agent.supervisor import Timing, WorkloadSupervisor
+from einsora.common.bus import names, watch_key
+from einsora.common.schemas import (
+    DesiredState,
+    Inventory,
+    ObservedPhase,
+    ObservedState,
+    ObservedWorkload,
+)
+
+log = logging.getLogger("einsora.agent")
+
+_DELETE_OPS = ("DEL", "PURGE")
+
+
+class MachineAgent:
+    """The agent of one machine (one process can host many sim machines)."""
+
+    def __init__(
+        self,
+        machine_id: str,
+        *,
+        js: JetStreamContext,
+        kv: KeyValue,
+        driver: Driver,
+        inventory: Inventory,
+        workloads_dir: Path | None,
+        records: RecordStore | None,
+        timing: Timing,
+        on_change: Callable[[MachineAgent], None],
+    ) -> None:
+        self.machine_id = machine_id
+        self.js = js
+        self.kv = kv
+        self.driver = driver
+        self.inventory = inventory
+        self.workloads_dir = workloads_dir
+        self.records = records
+        self.timing = timing
+        self._on_change = on_change
+        self.applied: int | None = None
+        self.supervisors: dict[str, WorkloadSupervisor] = {}
+        self.rejected: dict[str, ObservedWorkload] = {}
+        self._sub: JetStreamContext.PushSubscription | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+        self._resync_task: asyncio.Task[None] | None = None
+        self._desired_key = names.desired_key(machine_id)
+
+    # --- life -------------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Adopt what survived a restart, publish the inventory, watch, and do the first read."""
+        await self.adopt()
+        await self.put_inventory()
+        await self.rewatch()
+
+    async def close(self) -> None:
+        """Stop watching and supervising; workloads keep running."""
+        for task in (self._watch_task, self._resync_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await self._unsubscribe()
+        await asyncio.gather(*(s.close() for s in self.supervisors.values()))
+
+    async def stop_workloads(self) -> None:
+        """Stop every workload this machine runs (directories kept), and wait until they stopped."""
+        for sup in self.supervisors.values():
+            sup.retarget(Goal.drop, None)
+        await asyncio.gather(*(s.settled() for s in self.supervisors.values()))
+
+    async def adopt(self) -> None:
+        if self.records is None:
+            return
+        for workload_id, record in self.records.load_all().items():
+            adoption = await self.driver.adopt(record)
+            sup = self._supervisor(workload_id)
+            if adoption.handle is not None:
+                sup.adopt(adoption.handle)
+                log.info(
+                    "workload adopted",
+                    extra={
+                        "machine": self.machine_id,
+                        "workload": workload_id,
+                        "pid": adoption.handle.pid,
+                    },
+                )
+            else:
+                self.records.delete(workload_id)
+                sup.orphan(adoption.reason)
+                log.warning(
+                    "workload not adopted",
+                    extra={
+                        "machine": self.machine_id,
+                        "workload": workload_id,
+                        "reason": adoption.reason,
+                    },
+                )
+
+    # --- bus --------------------------------------------------------------------------------
+
+    async def put_inventory(self) -> None:
+        await self.kv.put(names.inventory_key(self.machine_id), self.inventory.to_bytes())
+
+    async def put_observed(self) -> None:
+        await self.kv.put(names.observed_key(self.machine_id), self.observed().to_bytes())
+
+    async def rewatch(self) -> None:
+        """(Re)create the pinned watch on this machine's desired key, then read it directly.
+
+        The consumer's name is pinned, so one left by a killed agent is deleted first.
+        """
+        await self._unsubscribe()
+        with contextlib.suppress(NotFoundError):
+            await self.js.delete_consumer(
+                names.MACHINES.stream, names.desired_watch_consumer(self.machine_id)
+            )
+        sub = await watch_key(
+            self.js,
+            names.MACHINES,
+            self._desired_key,
+            names.desired_watch_consumer(self.machine_id),
+        )
+        self._sub = sub
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+        self._watch_task = asyncio.create_task(self._watch(sub), name=f"watch {self.machine_id}")
+        await self.resync()
+
+    async def resync(self) -> None:
+        """A direct get of the desired key: the consistent read after a start or reconnect."""
+        try:
+            entry = await self.kv.get(self._desired_key)
+        except KeyNotFoundError:
+            if self.applied is None:
+                self._on_change(self)  # report what it has (adopted workloads), generation 0
+            return
+        if entry.value is not None:
+            self._offer(entry.value, from_watch=False)
+
+    async def _unsubscribe(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+
+    async def _watch(self, sub: JetStreamContext.PushSubscription) -> None:
+        async for msg in sub.messages:
+            op = (msg.headers or {}).get("KV-Operation")
+            if op in _DELETE_OPS:
+                # A deleted desired state is no order to stop everything (a wiped bucket is
+                # rebuilt by the scheduler): keep converging to the last one.
+                log.warning(
+                    "desired state deleted; keeping the last", extra={"machine": self.machine_id}
+                )
+                continue
+            if msg.data:
+                self._offer(msg.data, from_watch=True)
+
+    def _offer(self, data: bytes, *, from_watch: bool) -> None:
+        try:
+            desired = DesiredState.from_bytes(data)
+        except ValidationError as exc:
+            log.error(
+                "desired state unreadable; ignored",
+                extra={"machine": self.machine_id, "error": str(exc)[:500]},
+            )
+            return
+        if desired.machine_id != self.machine_id:
+            log.error(
+                "desired state names another machine; ignored",
+                extra={"machine": self.machine_id, "named": desired.machine_id},
+            )
+            return
+        if self.applied is not None and desired.generation < self.applied:
+            log.warning(
+                "desired generation went backwards; reading the key again",
+                extra={
+                    "machine": self.machine_id,
+                    "generation": desired.generation,
+                    "applied": self.applied,
+                },
+            )
+            if from_watch and (self._resync_task is None or self._resync_task.done()):
+                self._resync_task = asyncio.create_task(self._safe_resync())
+            return
+        self.converge(desired)
+
+    async def _safe_resync(self) -> None:
+        try:
+            await self.resync()
+        except (nats.errors.Error, TimeoutError) as exc:
+            log.warning("resync failed", extra={"machine": self.machine_id, "error": repr(exc)})
+
+    # --- converging -------------------------------------------------------------------------
+
+    def converge(self, desired: DesiredState) -> None:
+        """Give every workload its goal for `desired` (instant; supervisors do the work)."""
+        for wid in [w for w, s in self.supervisors.items() if s.settled_away]:
+            self.supervisors.pop(wid).abandon()
+        result = plan(desired, list(self.supervisors))
+        for a in result.assignments:
+            self._supervisor(a.workload_id).retarget(a.goal, a.desired)
+        self.rejected = {
+            wid: ObservedWorkload(
+                workload_id=wid,
+                phase=ObservedPhase.failed,
+                reason="its workload id is not valid on an agent (letters, digits, - and _ only)",
+            )
+            for wid in result.invalid
+        }
+        self.applied = desired.generation
+        self._on_change(self)
+
+    def _supervisor(self, workload_id: str) -> WorkloadSupervisor:
+        sup = self.supervisors.get(workload_id)
+        if sup is None:
+            sup = WorkloadSupervisor(
+                workload_id,
+                driver=self.driver,
+                workdir=None if self.workloads_dir is None else self.workloads_dir / workload_id,
+                records=self.records,
+                on_change=lambda: self._on_change(self),
+                timing=self.timing,
+            )
+            self.supervisors[workload_id] = sup
+        return sup
+
+    def observed(self) -> ObservedState:
+        workloads = [s.observed() for s in self.supervisors.values()]
+        workloads += self.rejected.values()
+        return ObservedState(
+            machine_id=self.machine_id,
+            generation_applied=self.applied or 0,
+            workloads=workloads,
+        )

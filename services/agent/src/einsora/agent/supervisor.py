@@ -1,0 +1,280 @@
+"""One workload's supervisor: drives it towards its goal through a driver, and says what it sees.
+
+Each supervisor is one asyncio task that sleeps until its goal changes or its driver wants to look
+again, so a thousand running sim workloads cost no timers at all. The goal can change at any
+moment (a new desired state); the supervisor finishes the step it is in, then acts on the latest
+goal. Closing a supervisor (the agent stopping) leaves its process running for the next agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from einsora.agent.converge import Goal
+from einsora.agent.drivers import Driver, Handle, StartFailed
+from einsora.agent.records import RecordStore
+from einsora.common.schemas import DesiredWorkload, ObservedPhase, ObservedWorkload
+
+log = logging.getLogger("einsora.agent")
+
+DROPPED_REASON = "not in the desired state any more: stopped, its directory kept"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long the agent waits for workloads."""
+
+    grace_s: float = 10.0
+    """Between SIGTERM and SIGKILL when stopping."""
+    start_timeout_s: float = 300.0
+    """How long a workload may stay `starting` (a spec's `start_timeout_s` overrides it)."""
+
+
+class WorkloadSupervisor:
+    """Drives one workload to its goal and reports its phase."""
+
+    def __init__(
+        self,
+        workload_id: str,
+        *,
+        driver: Driver,
+        workdir: Path | None,
+        records: RecordStore | None,
+        on_change: Callable[[], None],
+        timing: Timing,
+    ) -> None:
+        self.workload_id = workload_id
+        self.driver = driver
+        self.workdir = workdir
+        self.records = records
+        self.on_change = on_change
+        self.timing = timing
+        self.goal = Goal.hold
+        self.desired: DesiredWorkload | None = None
+        self.phase = ObservedPhase.starting
+        self.reason = ""
+        self.handle: Handle | None = None
+        self._may_start = True
+        self._since = time.monotonic()
+        self._busy = False
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        """Set while the supervisor waits for a new goal with nothing left to do."""
+        self._task: asyncio.Task[None] | None = None
+
+    # --- construction after a restart -----------------------------------------------------
+
+    def adopt(self, handle: Handle) -> None:
+        """Take over a workload still running from before a restart."""
+        self.handle = handle
+        self._since = time.monotonic()
+        self._ensure_task()
+
+    def orphan(self, reason: str) -> None:
+        """A workload the agent had started, whose process is gone: failed, not restarted."""
+        self.phase = ObservedPhase.failed
+        self.reason = reason
+        self._may_start = False
+
+    # --- goals ----------------------------------------------------------------------------
+
+    def retarget(self, goal: Goal, desired: DesiredWorkload | None) -> None:
+        """Set the latest goal; the supervisor acts on it as soon as its current step ends."""
+        previous = self.goal
+        if desired is not None:
+            self.desired = desired
+        self.goal = goal
+        if goal is Goal.run and previous in (Goal.park, Goal.remove, Goal.drop):
+            self._may_start = True  # parked or removed, now wanted again: a fresh start
+        if not self._busy:
+            self._set(*self._expected_phase())
+        self._idle.clear()
+        self._ensure_task()
+        self._wake.set()
+
+    def _expected_phase(self) -> tuple[ObservedPhase, str]:
+        """The phase to report right away, before the step that gets there has run."""
+        if self.goal in (Goal.run, Goal.hold):
+            if self.handle is None and self.goal is Goal.run and self._may_start:
+                return ObservedPhase.starting, ""
+            return self.phase, self.reason
+        if self.handle is not None:
+            return ObservedPhase.stopping, ""
+        if self.goal is Goal.park:
+            return ObservedPhase.parked, ""
+        if self.goal is Goal.remove and self.workdir is not None and self.workdir.exists():
+            return ObservedPhase.stopping, ""
+        return ObservedPhase.removed, DROPPED_REASON if self.goal is Goal.drop else ""
+
+    async def settled(self) -> None:
+        """Wait until the latest goal is reached and nothing is left to do."""
+        if self._task is not None and not self._task.done():
+            await self._idle.wait()
+
+    @property
+    def settled_away(self) -> bool:
+        """Dropped, stopped and reported: the machine may forget it."""
+        return (
+            self.goal is Goal.drop
+            and self.handle is None
+            and not self._busy
+            and self.phase is ObservedPhase.removed
+        )
+
+    # --- reporting ------------------------------------------------------------------------
+
+    def observed(self) -> ObservedWorkload:
+        handle = self.handle
+        return ObservedWorkload(
+            workload_id=self.workload_id,
+            phase=self.phase,
+            reason=self.reason,
+            pid=None if handle is None else handle.pid,
+            started_at=None if handle is None else handle.started_at,
+            endpoint=None if handle is None else handle.endpoint,
+        )
+
+    def _set(self, phase: ObservedPhase, reason: str = "") -> None:
+        token = self.desired.access_token if self.desired is not None else None
+        if token and token in reason:
+            reason = reason.replace(token, "REDACTED")
+        if (phase, reason) != (self.phase, self.reason):
+            self.phase, self.reason = phase, reason
+            self.on_change()
+
+    # --- the loop -------------------------------------------------------------------------
+
+    def _ensure_task(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name=f"workload {self.workload_id}")
+
+    def abandon(self) -> None:
+        """Forget a settled workload: its task (idle, waiting for a goal) is cancelled."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def close(self) -> None:
+        """Stop supervising (the workload's process, if any, keeps running)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            self._busy = True
+            try:
+                delay = await self._step()
+            except Exception as exc:  # a bug must not stop the other workloads: say it, wait
+                log.exception("workload supervisor failed", extra={"workload": self.workload_id})
+                self._set(ObservedPhase.failed, f"the agent hit an internal error: {exc!r}")
+                delay = None
+            finally:
+                self._busy = False
+            if self._wake.is_set():
+                continue
+            if delay is None:
+                self._idle.set()
+                await self._wake.wait()
+                self._idle.clear()
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), max(delay, 0.0))
+
+    async def _step(self) -> float | None:
+        goal = self.goal
+        if goal in (Goal.run, Goal.hold):
+            if self.handle is None:
+                if goal is not Goal.run or not self._may_start or self.desired is None:
+                    return None
+                await self._start(self.desired)
+                if self.handle is None:
+                    return None
+            return await self._watch(goal)
+        if self.handle is not None:
+            self._set(ObservedPhase.stopping)
+            await self._stop()
+            if self.goal is not goal:
+                return 0.0
+        if goal is Goal.remove and self.workdir is not None and self.workdir.exists():
+            self._set(ObservedPhase.stopping)
+            try:
+                await asyncio.to_thread(shutil.rmtree, self.workdir)
+            except OSError as exc:
+                self._set(
+                    ObservedPhase.failed, f"stopped, but its directory could not be deleted: {exc}"
+                )
+                return None
+        final = {Goal.park: ObservedPhase.parked}.get(goal, ObservedPhase.removed)
+        self._set(final, DROPPED_REASON if goal is Goal.drop else "")
+        return None
+
+    async def _start(self, desired: DesiredWorkload) -> None:
+        self._set(ObservedPhase.starting)
+        try:
+            handle = await self.driver.start(desired, self.workdir)
+        except StartFailed as exc:
+            self._may_start = False
+            self._set(ObservedPhase.failed, exc.message)
+            return
+        self.handle = handle
+        self._since = time.monotonic()
+        record = self.driver.record(handle)
+        if record is not None and self.records is not None:
+            self.records.save(self.workload_id, record)
+        log.info("workload started", extra={"workload": self.workload_id, "pid": handle.pid})
+        self.on_change()
+
+    async def _stop(self) -> None:
+        handle = self.handle
+        assert handle is not None
+        await self.driver.stop(handle, self.timing.grace_s)
+        self._forget_handle()
+        log.info("workload stopped", extra={"workload": self.workload_id, "pid": handle.pid})
+
+    def _forget_handle(self) -> None:
+        self.handle = None
+        if self.records is not None:
+            self.records.delete(self.workload_id)
+        self.on_change()
+
+    async def _watch(self, goal: Goal) -> float | None:
+        handle = self.handle
+        assert handle is not None
+        seen = await self.driver.observe(handle)
+        if seen.phase is ObservedPhase.failed:
+            self._may_start = False
+            self._forget_handle()
+            self._set(ObservedPhase.failed, seen.reason)
+            log.warning(
+                "workload failed", extra={"workload": self.workload_id, "reason": self.reason}
+            )
+            return None
+        if seen.phase is ObservedPhase.starting and goal is Goal.run:
+            limit = self._start_timeout()
+            if time.monotonic() - self._since > limit:
+                await self._stop()
+                self._may_start = False
+                self._set(
+                    ObservedPhase.failed,
+                    f"not ready after {limit:g} s: its readiness probe never answered; stopped",
+                )
+                return None
+        self._set(seen.phase, seen.reason)
+        return seen.recheck_s
+
+    def _start_timeout(self) -> float:
+        value = (self.desired.spec if self.desired else {}).get("start_timeout_s")
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            return float(value)
+        return self.timing.start_timeout_s

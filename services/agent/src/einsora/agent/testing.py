@@ -1,0 +1,161 @@
+"""Helpers for tests that drive an agent the way the scheduler does (used by the agent's own
+tests and by cross-service tests): write desired states, read observed states, watch processes.
+
+It imports no test framework (the agent installs without one); the pytest fixtures that use it
+live in the tests' conftest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import psutil
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js.errors import KeyNotFoundError
+from nats.js.kv import KeyValue
+
+from einsora.agent.service import AgentService
+from einsora.common.bus import names
+from einsora.common.schemas import (
+    DesiredState,
+    DesiredWorkload,
+    Inventory,
+    ObservedState,
+    ObservedWorkload,
+    Target,
+    WorkloadKind,
+)
+
+WAIT_S = 20.0
+
+
+class StartAgent(Protocol):
+    """The `start_agent` fixture: start an in-process agent with AgentService's options."""
+
+    async def __call__(self, **options: Any) -> AgentService: ...
+
+
+@dataclass
+class ControlPlane:
+    """The test's stand-in for the scheduler: writes desired states, reads observed ones."""
+
+    nc: NATS
+    kv: KeyValue
+
+    @staticmethod
+    def workload(
+        workload_id: str,
+        target: Target = Target.running,
+        kind: WorkloadKind = WorkloadKind.notebook,
+        spec: dict[str, Any] | None = None,
+        access_token: str | None = None,
+    ) -> DesiredWorkload:
+        """A desired workload as the scheduler would write it."""
+        return DesiredWorkload(
+            workload_id=workload_id,
+            tenant_id="t-test",
+            kind=kind,
+            class_name="cpu-1c-2g",
+            target=target,
+            spec=spec or {},
+            access_token=access_token,
+        )
+
+    async def put_desired(
+        self, machine_id: str, generation: int, workloads: list[DesiredWorkload]
+    ) -> None:
+        desired = DesiredState(machine_id=machine_id, generation=generation, workloads=workloads)
+        await self.kv.put(names.desired_key(machine_id), desired.to_bytes())
+
+    async def observed(self, machine_id: str) -> ObservedState | None:
+        try:
+            entry = await self.kv.get(names.observed_key(machine_id))
+        except KeyNotFoundError:
+            return None
+        return None if entry.value is None else ObservedState.from_bytes(entry.value)
+
+    async def inventory(self, machine_id: str) -> Inventory | None:
+        try:
+            entry = await self.kv.get(names.inventory_key(machine_id))
+        except KeyNotFoundError:
+            return None
+        return None if entry.value is None else Inventory.from_bytes(entry.value)
+
+    async def wait_observed(
+        self,
+        machine_id: str,
+        check: Callable[[ObservedState], bool],
+        within_s: float = WAIT_S,
+    ) -> ObservedState:
+        """The first observed state of `machine_id` for which `check` holds (polled, deadline)."""
+        deadline = time.monotonic() + within_s
+        last: ObservedState | None = None
+        while time.monotonic() < deadline:
+            last = await self.observed(machine_id)
+            if last is not None and check(last):
+                return last
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"observed state of {machine_id} never matched; last: {last}")
+
+    async def wait_workload(
+        self,
+        machine_id: str,
+        workload_id: str,
+        check: Callable[[ObservedWorkload], bool],
+        within_s: float = WAIT_S,
+    ) -> ObservedWorkload:
+        state = await self.wait_observed(
+            machine_id,
+            lambda s: any(w.workload_id == workload_id and check(w) for w in s.workloads),
+            within_s,
+        )
+        return next(w for w in state.workloads if w.workload_id == workload_id)
+
+    async def record(self, machine_id: str) -> Callable[[], list[ObservedState]]:
+        """Subscribe to every write of `machine_id`'s observed key; returns the list so far."""
+        seen: list[ObservedState] = []
+
+        async def on(msg: Msg) -> None:
+            if msg.data:
+                seen.append(ObservedState.from_bytes(msg.data))
+
+        subject = names.MACHINES.key_subject(names.observed_key(machine_id))
+        await self.nc.subscribe(subject, cb=on)
+        await self.nc.flush()
+        return lambda: list(seen)
+
+
+class Processes:
+    """Processes a test watches; every one still running is killed (with its group) after."""
+
+    def __init__(self) -> None:
+        self.tracked: list[psutil.Process] = []
+
+    def track(self, pid: int | None) -> int:
+        assert pid is not None
+        with contextlib.suppress(psutil.Error):
+            self.tracked.append(psutil.Process(pid))
+        return pid
+
+    @staticmethod
+    def alive(pid: int) -> bool:
+        try:
+            return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+        except psutil.Error:
+            return False
+
+    def kill_all(self) -> None:
+        for proc in self.tracked:
+            if proc.is_running():  # same pid AND start time: never a recycled pid
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
