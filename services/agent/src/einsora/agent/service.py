@@ -22,7 +22,6 @@ from typing import Literal
 
 import nats.errors
 from nats.aio.client import Client as NATS
-from nats.js.errors import KeyNotFoundError
 
 from einsora.agent import identity, inventory, sim_inventory
 from einsora.agent.drivers import Driver, ProcessDriver, ProcessOptions, SimDriver, SimOptions
@@ -254,18 +253,10 @@ async def _rewatch(machine: MachineAgent) -> None:
 
 
 async def _resync(machine: MachineAgent) -> None:
-    """Re-read the desired key (a safety net for a watch lost silently) and check that the
-    inventory is still in the bucket (a wiped bucket is rebuilt by its writers)."""
+    """Re-read the desired key (a safety net for a watch lost silently) and write the inventory
+    again (a wiped bucket gets it back; an agent may not read its own inventory key)."""
     await machine.resync()
-    try:
-        entry = await machine.kv.get(names.inventory_key(machine.machine_id))
-        present = entry.value is not None and inventory.same(
-            Inventory.from_bytes(entry.value), machine.inventory
-        )
-    except (KeyNotFoundError, ValueError):
-        present = False
-    if not present:
-        await machine.put_inventory()
+    await machine.put_inventory()
 
 
 async def _bounded(
