@@ -33,7 +33,10 @@ def _agent_permissions(m: str) -> str:
         f"$KV.machines.{m}.inventory",
     ]
     subscribe = [f"_INBOX_{m}.>", f"$KV.machines.{m}.desired"]
-    quoted = lambda items: ", ".join(f'"{i}"' for i in items)  # noqa: E731
+
+    def quoted(items: list[str]) -> str:
+        return ", ".join(f'"{i}"' for i in items)
+
     return (
         f'{{user: "{m}", password: "pw", permissions: {{'
         f"publish: {{allow: [{quoted(publish)}]}}, subscribe: {{allow: [{quoted(subscribe)}]}}}}}}"
