@@ -139,24 +139,23 @@ class MachineAgent:
     async def rewatch(self) -> None:
         """(Re)create the pinned watch on this machine's desired key, then read it directly.
 
-        The consumer's name is pinned, so one left by a killed agent is deleted first.
+        The consumer's name is pinned, so one left by a killed agent is deleted first. The
+        subscription exists before the direct get (no change can fall between them), and its
+        messages are handled only after that first, consistent read.
         """
-        await self._unsubscribe()
-        with contextlib.suppress(NotFoundError):
-            await self.js.delete_consumer(
-                names.MACHINES.stream, names.desired_watch_consumer(self.machine_id)
-            )
-        sub = await watch_key(
-            self.js,
-            names.MACHINES,
-            self._desired_key,
-            names.desired_watch_consumer(self.machine_id),
-        )
-        self._sub = sub
         if self._watch_task is not None:
             self._watch_task.cancel()
-        self._watch_task = asyncio.create_task(self._watch(sub), name=f"watch {self.machine_id}")
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch_task
+            self._watch_task = None
+        await self._unsubscribe()
+        consumer = names.desired_watch_consumer(self.machine_id)
+        with contextlib.suppress(NotFoundError):
+            await self.js.delete_consumer(names.MACHINES.stream, consumer)
+        sub = await watch_key(self.js, names.MACHINES, self._desired_key, consumer)
+        self._sub = sub
         await self.resync()
+        self._watch_task = asyncio.create_task(self._watch(sub), name=f"watch {self.machine_id}")
 
     async def resync(self) -> None:
         """A direct get of the desired key: the consistent read after a start or reconnect."""
@@ -227,11 +226,16 @@ class MachineAgent:
 
     def converge(self, desired: DesiredState) -> None:
         """Give every workload its goal for `desired` (instant; supervisors do the work)."""
-        for wid in [w for w, s in self.supervisors.items() if s.settled_away]:
-            self.supervisors.pop(wid).abandon()
+        # A dropped workload, once stopped and reported removed, is forgotten at a newer generation.
+        for wid, sup in list(self.supervisors.items()):
+            if sup.settled_away and desired.generation > sup.dropped_at:
+                self.supervisors.pop(wid).abandon()
         result = plan(desired, list(self.supervisors))
         for a in result.assignments:
-            self._supervisor(a.workload_id).retarget(a.goal, a.desired)
+            sup = self._supervisor(a.workload_id)
+            if a.goal is Goal.drop and sup.goal is not Goal.drop:
+                sup.dropped_at = desired.generation
+            sup.retarget(a.goal, a.desired)
         self.rejected = {
             wid: ObservedWorkload(
                 workload_id=wid,

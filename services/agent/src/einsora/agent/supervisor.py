@@ -61,6 +61,8 @@ class WorkloadSupervisor:
         self.phase = ObservedPhase.starting
         self.reason = ""
         self.handle: Handle | None = None
+        self.dropped_at = 0
+        """The generation that stopped listing this workload (see `settled_away`)."""
         self._may_start = True
         self._since = time.monotonic()
         self._busy = False
