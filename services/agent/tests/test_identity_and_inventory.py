@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from einsora.agent import identity, inventory
+from einsora.agent import AgentService, identity, inventory
 from einsora.common.errors import ConfigError
 from einsora.common.ids import is_id
+from einsora.common.settings import Settings
 
 
 def test_machine_id_is_made_once_and_kept(tmp_path: Path) -> None:
@@ -48,3 +50,22 @@ def test_host_inventory_reports_this_machine() -> None:
     # Without NVML (no NVIDIA driver here) there are no NVIDIA GPUs, and no error either.
     assert all(g.uuid for g in inv.gpus)
     assert inventory.same(inv, inventory.collect("m-here", "local", ["process"]))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"driver": "docker"}, "unknown driver 'docker'"),
+        ({"driver": "process", "sim_machines": 3}, "need the sim driver"),
+        ({"driver": "process", "sim_inventory": "1x l4-24gb"}, "need the sim driver"),
+        ({"driver": "sim", "heartbeat_s": 0}, "heartbeat interval must be more than 0 s"),
+        ({"driver": "sim", "sim_inventory": "9x warp-drive"}, "unknown class 'warp-drive'"),
+        ({"driver": "sim", "machine_id": "m.1"}, "machine id 'm.1' is not valid"),
+    ],
+)
+def test_agent_options_are_checked_before_start(
+    tmp_path: Path, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        AgentService(Settings(data_dir=tmp_path), **options)
+    assert message in raised.value.message

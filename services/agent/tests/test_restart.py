@@ -17,7 +17,7 @@ from einsora.common.schemas import ObservedPhase, WorkloadKind
 from einsora.common.testing import Bus, subprocess_env
 
 EINSORA = str(Path(sys.executable).parent / "einsora")
-AGENT = [sys.executable, "-m", "einsora.agent"]  # TEMP
+AGENT = [EINSORA, "agent"]
 HTTP_SERVER = [sys.executable, "-m", "http.server", "$PORT", "--bind", "127.0.0.1"]
 
 
