@@ -1,1 +1,12 @@
-"""Einsora api service."""
+"""Einsora's control API: tenants, users, API tokens, workloads and their timeline.
+
+It owns the store. State-changing calls write their intent through a transactional outbox that
+a relay publishes to INTENTS; workload events from EVENTS come back into the timeline. Solo and
+`einsora api` run it as `ApiService`.
+"""
+
+from einsora.api.app import create_app
+from einsora.api.context import ApiContext
+from einsora.api.service import ApiService
+
+__all__ = ["ApiContext", "ApiService", "create_app"]

@@ -1,0 +1,93 @@
+"""`einsora api`: run the control API alone, until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from einsora.common import logs
+from einsora.common.catalog import Catalog
+from einsora.common.errors import EinsoraError
+from einsora.common.settings import Settings
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "api",
+        help="run the control API (REST /v1, the store, the outbox relay, the timeline)",
+        description="Run Einsora's control API alone. Flags override EINSORA_* settings.",
+    )
+    parser.add_argument("--nats", metavar="URL", help="NATS server URL (EINSORA_NATS_URL)")
+    parser.add_argument(
+        "--database-url", metavar="URL", help="SQLAlchemy URL of the store (EINSORA_DATABASE_URL)"
+    )
+    parser.add_argument("--port", type=int, help="HTTP port (EINSORA_API_PORT; 0: any free port)")
+    parser.add_argument("--host", help="address to listen on (EINSORA_BIND_HOST)")
+    parser.add_argument("--data-dir", type=Path, help="data directory (EINSORA_DATA_DIR)")
+    parser.add_argument("--region", help="default region of new workloads (EINSORA_REGION)")
+    parser.add_argument("--catalog", type=Path, help="a JSON file of extra classes")
+    parser.set_defaults(func=run)
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, Any] = {
+        "nats_url": args.nats,
+        "database_url": args.database_url,
+        "api_port": args.port,
+        "bind_host": args.host,
+        "data_dir": args.data_dir,
+        "region": args.region,
+    }
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    logs.configure(settings.log_level, settings.log_format)
+    catalog = Catalog.load(args.catalog)
+    return asyncio.run(_serve(settings, catalog))
+
+
+async def _serve(settings: Settings, catalog: Catalog) -> int:
+    from einsora.api.service import ApiService  # the server stack loads only for this command
+
+    service = ApiService(settings, catalog=catalog)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await service.start()
+    try:
+        print(f"einsora api listening on {service.url}", file=sys.stderr, flush=True)
+        if service.owner_token_created:
+            print(
+                f"owner token (shown once; also in {service.owner_token_path}): "
+                f"{service.owner_token_created}",
+                file=sys.stderr,
+                flush=True,
+            )
+        await stop.wait()
+    finally:
+        await service.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m einsora.api.command ARGS` = `einsora api ARGS`, without the other commands."""
+    parser = argparse.ArgumentParser(prog="einsora")
+    register(parser.add_subparsers())
+    args = parser.parse_args(["api", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        code: int = args.func(args)
+    except EinsoraError as exc:
+        print(f"einsora: {exc.message}", file=sys.stderr)
+        return 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

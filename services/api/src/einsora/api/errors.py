@@ -1,0 +1,126 @@
+"""The api's errors: each carries a code, a message a person can act on, and its HTTP status.
+
+Routes and domain functions raise these; one handler (`http.error_response`) turns any of them
+into `{"error", "message", "request_id", "details"}` with the status. Nothing a client sends
+may end as a 500: input is refused with one of these instead.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.responses import Response
+
+from einsora.common.errors import EinsoraError
+
+
+class ApiError(EinsoraError):
+    """An error the api answers with `status`; `details` lists what was wrong, field by field."""
+
+    status: int = 500
+    code = "internal"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        details: list[dict[str, Any]] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message, code=code)
+        self.details = details or []
+        self.headers = headers or {}
+
+
+class BadRequest(ApiError):
+    """The request cannot be read at all (malformed JSON)."""
+
+    status = 400
+    code = "bad_request"
+
+
+class Unauthenticated(ApiError):
+    """No valid API token: missing, unknown, revoked or expired."""
+
+    status = 401
+    code = "unauthenticated"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
+
+
+class Forbidden(ApiError):
+    """The caller may see the object but not do this to it (e.g. a member adding members)."""
+
+    status = 403
+    code = "forbidden"
+
+
+class NotFound(ApiError):
+    """No such object for this tenant; another tenant's objects answer this too, never 403."""
+
+    status = 404
+    code = "not_found"
+
+
+class MethodNotAllowed(ApiError):
+    status = 405
+    code = "method_not_allowed"
+
+
+class Conflict(ApiError):
+    """The object's state forbids the action (resume a running workload), or a name is taken."""
+
+    status = 409
+    code = "conflict"
+
+
+class PayloadTooLarge(ApiError):
+    status = 413
+    code = "payload_too_large"
+
+
+class Unprocessable(ApiError):
+    """The body or query is valid JSON but breaks the schema; `details` names each field."""
+
+    status = 422
+    code = "validation_error"
+
+
+class Unavailable(ApiError):
+    """A dependency (store, bus) cannot answer now; retrying later can help."""
+
+    status = 503
+    code = "unavailable"
+    retryable = True
+
+
+def field_error(field: str, message: str, kind: str = "value_error") -> Unprocessable:
+    """A 422 about one field, named in the message and in `details`."""
+    return Unprocessable(
+        f"{field}: {message}", details=[{"field": field, "message": message, "type": kind}]
+    )
+
+
+def error_body(error: ApiError, request_id: str) -> bytes:
+    """`{"error", "message", "request_id", "details"}` as JSON."""
+    return json.dumps(
+        {
+            "error": error.code,
+            "message": error.message,
+            "request_id": request_id,
+            "details": error.details,
+        },
+        default=str,
+    ).encode()
+
+
+def error_response(error: ApiError, request_id: str) -> Response:
+    return Response(
+        error_body(error, request_id),
+        status_code=error.status,
+        headers=error.headers,
+        media_type="application/json",
+    )

@@ -1,0 +1,3 @@
+from einsora.store.migrations import run_env
+
+run_env()

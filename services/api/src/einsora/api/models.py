@@ -1,0 +1,157 @@
+"""The api's tables (SQLAlchemy Core): tenants, users, members, API tokens, workloads, timeline,
+outbox and idempotency keys.
+
+The api owns these tables and no other service reads them (DESIGN.md). Every time is stored in
+UTC and read back timezone-aware; the migrations in `migrations/versions` create exactly this
+shape (a test compares the two on both engines).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+ID = sa.String(32)
+NAME = sa.String(64)
+AUTO_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+"""An autoincrementing key: SQLite only autoincrements `INTEGER PRIMARY KEY`."""
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A timestamp stored as naive UTC and read back as an aware UTC datetime on every engine."""
+
+    impl = sa.DateTime(timezone=False)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetimes are not stored; use an aware UTC time")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+tenants = sa.Table(
+    "tenants",
+    metadata,
+    sa.Column("id", ID, primary_key=True),
+    sa.Column("name", NAME, nullable=False, unique=True),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+)
+
+users = sa.Table(
+    "users",
+    metadata,
+    sa.Column("id", ID, primary_key=True),
+    sa.Column("username", NAME, nullable=False, unique=True),
+    sa.Column("is_operator", sa.Boolean(), nullable=False, server_default=sa.false()),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+)
+
+members = sa.Table(
+    "members",
+    metadata,
+    sa.Column("tenant_id", ID, sa.ForeignKey("tenants.id"), primary_key=True),
+    sa.Column("user_id", ID, sa.ForeignKey("users.id"), primary_key=True),
+    sa.Column("role", sa.String(16), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+)
+
+api_tokens = sa.Table(
+    "api_tokens",
+    metadata,
+    sa.Column("id", ID, primary_key=True),
+    sa.Column("tenant_id", ID, sa.ForeignKey("tenants.id"), nullable=False),
+    sa.Column("user_id", ID, sa.ForeignKey("users.id"), nullable=False),
+    sa.Column("name", NAME, nullable=False),
+    sa.Column("secret_sha256", sa.String(64), nullable=False, unique=True),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+    sa.Column("expires_at", UtcDateTime(), nullable=True),
+    sa.Column("revoked_at", UtcDateTime(), nullable=True),
+    sa.Column("last_used_at", UtcDateTime(), nullable=True),
+    sa.Index(None, "tenant_id", "user_id", "id"),
+)
+
+workloads = sa.Table(
+    "workloads",
+    metadata,
+    sa.Column("id", ID, primary_key=True),
+    sa.Column("tenant_id", ID, sa.ForeignKey("tenants.id"), nullable=False),
+    sa.Column("created_by", ID, sa.ForeignKey("users.id"), nullable=False),
+    sa.Column("name", NAME, nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("class_name", NAME, nullable=False),
+    sa.Column("count", sa.Integer(), nullable=False),
+    sa.Column("region", NAME, nullable=False),
+    sa.Column("spec", sa.Text(), nullable=False),
+    sa.Column("fallback", sa.Text(), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("placed_region", NAME, nullable=True),
+    sa.Column("placed_machine", NAME, nullable=True),
+    sa.Column("placed_class", NAME, nullable=True),
+    sa.Column("last_seq", sa.BigInteger(), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+    sa.Column("updated_at", UtcDateTime(), nullable=False),
+    sa.Index(None, "tenant_id", "id"),
+    sa.Index(None, "tenant_id", "state", "id"),
+    sa.Index(None, "tenant_id", "kind", "id"),
+)
+
+timeline = sa.Table(
+    "timeline",
+    metadata,
+    sa.Column("id", AUTO_ID, primary_key=True, autoincrement=True),
+    sa.Column("workload_id", ID, sa.ForeignKey("workloads.id"), nullable=False),
+    sa.Column("at", UtcDateTime(), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("reason", sa.Text(), nullable=False),
+    sa.Column("request_id", sa.String(64), nullable=True),
+    sa.Column("event_id", sa.String(64), nullable=True, unique=True),
+    sa.Column("seq", sa.BigInteger(), nullable=True),
+    sa.Index(None, "workload_id", "at", "id"),
+)
+
+outbox = sa.Table(
+    "outbox",
+    metadata,
+    sa.Column("id", AUTO_ID, primary_key=True, autoincrement=True),
+    sa.Column("intent_id", ID, nullable=False, unique=True),
+    sa.Column("subject", sa.String(255), nullable=False),
+    sa.Column("payload", sa.Text(), nullable=False),
+    sa.Column("request_id", sa.String(64), nullable=False),
+    sa.Column("traceparent", sa.String(64), nullable=True),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+    sa.Column("sent_at", UtcDateTime(), nullable=True),
+    sa.Index(
+        "ix_outbox_unsent",
+        "id",
+        sqlite_where=sa.text("sent_at IS NULL"),
+        postgresql_where=sa.text("sent_at IS NULL"),
+    ),
+)
+
+idempotency_keys = sa.Table(
+    "idempotency_keys",
+    metadata,
+    sa.Column("tenant_id", ID, sa.ForeignKey("tenants.id"), primary_key=True),
+    sa.Column("key", sa.String(128), primary_key=True),
+    sa.Column("fingerprint", sa.String(64), nullable=False),
+    sa.Column("workload_id", ID, sa.ForeignKey("workloads.id"), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+)

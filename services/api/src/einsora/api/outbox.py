@@ -1,0 +1,194 @@
+"""The transactional outbox: intents are written with the change that causes them, then
+published to INTENTS by a relay.
+
+A state-changing call writes its workload row, its timeline entry and an outbox row in one
+transaction (`enqueue`), so a committed change always has its intent, and NATS being down never
+fails the call. The relay publishes unsent rows in id order with `Nats-Msg-Id` = the intent id
+(JetStream drops a republished duplicate), then marks them sent. It wakes on every commit that
+wrote a row, and polls as well, so rows written by another replica or left by an outage go out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from datetime import timedelta
+
+import nats.errors
+import sqlalchemy as sa
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.api import PubAck
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from einsora.api import models as m
+from einsora.api.store import Store
+from einsora.common.bus import message_headers, names
+from einsora.common.errors import BusUnavailable
+from einsora.common.schemas import WorkloadIntent, utcnow
+
+log = logging.getLogger("einsora.api.outbox")
+
+
+async def enqueue(
+    conn: AsyncConnection,
+    intent: WorkloadIntent,
+    *,
+    request_id: str,
+    traceparent: str | None = None,
+) -> None:
+    """Add `intent` to the outbox, inside the caller's transaction."""
+    await conn.execute(
+        sa.insert(m.outbox).values(
+            intent_id=intent.intent_id,
+            subject=names.intent_subject(intent.region, intent.workload_id),
+            payload=intent.to_bytes().decode(),
+            request_id=request_id,
+            traceparent=traceparent,
+            created_at=intent.at,
+        )
+    )
+
+
+_UNSENT = (
+    sa.select(
+        m.outbox.c.id,
+        m.outbox.c.intent_id,
+        m.outbox.c.subject,
+        m.outbox.c.payload,
+        m.outbox.c.request_id,
+        m.outbox.c.traceparent,
+    )
+    .where(m.outbox.c.sent_at.is_(None))
+    .order_by(m.outbox.c.id)
+    .limit(sa.bindparam("batch"))
+)
+
+
+class OutboxRelay:
+    """Publishes the outbox to INTENTS: in order, at least once, de-duplicated by intent id."""
+
+    def __init__(
+        self,
+        store: Store,
+        nc: NATS,
+        js: JetStreamContext,
+        *,
+        batch: int = 500,
+        poll_s: float = 1.0,
+        ack_timeout_s: float = 5.0,
+        retain: timedelta = timedelta(days=1),
+    ) -> None:
+        self._store = store
+        self._nc = nc
+        self._js = js
+        self._batch = batch
+        self._poll_s = poll_s
+        self._ack_timeout_s = ack_timeout_s
+        self._retain = retain
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self.published = 0
+        """Rows published and marked sent since start (for tests and benchmarks)."""
+
+    async def start(self) -> None:
+        self._stopping.clear()
+        self._task = asyncio.create_task(self._run(), name="outbox relay")
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        self._store.outbox_written.set()
+        task, self._task = self._task, None
+        if task is not None:
+            try:
+                await asyncio.wait_for(task, 10)
+            except TimeoutError:
+                log.warning("outbox relay did not stop in time")
+
+    async def _run(self) -> None:
+        failing = False
+        pruned_at = utcnow() - self._retain
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._store.outbox_written.wait(), self._poll_s)
+            self._store.outbox_written.clear()
+            if self._stopping.is_set():
+                break
+            try:
+                await self.drain()
+                if utcnow() - pruned_at > timedelta(minutes=10):
+                    await self.prune()
+                    pruned_at = utcnow()
+            except (BusUnavailable, nats.errors.Error, OSError, TimeoutError) as exc:
+                if not failing:
+                    log.warning("intents wait for NATS; will retry", extra={"error": repr(exc)})
+                failing = True
+                continue
+            except SQLAlchemyError as exc:
+                if not failing:
+                    log.warning("outbox unreadable; will retry", extra={"error": repr(exc)})
+                failing = True
+                continue
+            if failing:
+                log.info("outbox relay publishing again")
+                failing = False
+
+    async def drain(self) -> int:
+        """Publish every unsent row now; the number published. Raises when the bus fails."""
+        total = 0
+        while True:
+            async with self._store.read() as conn:
+                rows = (await conn.execute(_UNSENT, {"batch": self._batch})).all()
+            if not rows:
+                return total
+            if not self._nc.is_connected:
+                raise BusUnavailable("not connected to NATS")
+            futures: list[asyncio.Future[PubAck]] = []
+            try:
+                for row in rows:
+                    headers = message_headers(
+                        request_id=row.request_id, msg_id=row.intent_id, traceparent=row.traceparent
+                    )
+                    futures.append(
+                        await self._js.publish_async(
+                            row.subject, row.payload.encode(), headers=headers
+                        )
+                    )
+            except BaseException:
+                for future in futures:
+                    future.cancel()  # their rows stay unsent and go out again, de-duplicated
+                raise
+            acks = await asyncio.gather(
+                *(asyncio.wait_for(f, self._ack_timeout_s) for f in futures),
+                return_exceptions=True,
+            )
+            # Only the rows before the first failure count as sent, so a retry keeps the order
+            # (JetStream drops any later row it already stored, by its Nats-Msg-Id).
+            sent = 0
+            failure: BaseException | None = None
+            for ack in acks:
+                if isinstance(ack, BaseException):
+                    failure = ack
+                    break
+                sent += 1
+            if sent:
+                await self._mark_sent([row.id for row in rows[:sent]])
+                total += sent
+                self.published += sent
+            if failure is not None:
+                raise BusUnavailable(f"publishing intents failed: {failure!r}") from failure
+
+    async def _mark_sent(self, ids: list[int]) -> None:
+        async with self._store.write() as conn:
+            await conn.execute(
+                sa.update(m.outbox).where(m.outbox.c.id.in_(ids)).values(sent_at=utcnow())
+            )
+
+    async def prune(self) -> None:
+        """Forget rows sent longer ago than `retain`."""
+        async with self._store.write() as conn:
+            await conn.execute(
+                sa.delete(m.outbox).where(m.outbox.c.sent_at < utcnow() - self._retain)
+            )

@@ -1,0 +1,1 @@
+"""Request and response bodies (pydantic): they validate requests and generate /openapi.json."""

@@ -1,0 +1,50 @@
+"""Catalog, region and machine bodies."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel
+
+from einsora.api.schemas.common import Page
+from einsora.common.catalog import Accelerator
+from einsora.common.schemas import Inventory
+
+
+class ClassOut(BaseModel):
+    """A class a workload can name, and the regions whose machines offer it now."""
+
+    name: str
+    accelerator: Accelerator
+    description: str
+    model: str | None
+    memory_gib: float
+    cpus: float
+    regions: list[str]
+
+
+class ClassPage(Page[ClassOut]):
+    pass
+
+
+class RegionOut(BaseModel):
+    name: str
+    machines: int
+
+
+class RegionPage(Page[RegionOut]):
+    pass
+
+
+class MachineOut(BaseModel):
+    """A machine as its agent reports it: inventory, last heartbeat, workloads it runs."""
+
+    id: str
+    region: str | None
+    inventory: Inventory | None
+    heartbeat_at: datetime | None
+    workloads: int
+
+
+class MachinePage(Page[MachineOut]):
+    pass

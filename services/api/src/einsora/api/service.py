@@ -1,0 +1,169 @@
+"""ApiService: the control API as one service, the way Solo and `einsora api` run it.
+
+`start()` applies the migrations, makes the owner on the first start, connects to NATS and
+provisions it, starts the timeline consumer, the machines view and the outbox relay, then
+serves HTTP with uvicorn in this process and returns once it accepts connections. `stop()`
+undoes all of it, in reverse, and may be called twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import socket
+from collections.abc import Generator
+from pathlib import Path
+
+import uvicorn
+from nats.aio.client import Client as NATS
+
+from einsora.api.app import create_app
+from einsora.api.bootstrap import OWNER_TOKEN_FILE, ensure_owner
+from einsora.api.context import ApiContext
+from einsora.api.machines import MachinesView
+from einsora.api.outbox import OutboxRelay
+from einsora.api.store import Store
+from einsora.api.timeline import TimelineConsumer
+from einsora.common.bus import connect, provision
+from einsora.common.catalog import Catalog
+from einsora.common.errors import PortInUse
+from einsora.common.settings import Settings
+
+log = logging.getLogger("einsora.api")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its signal handlers: the process's owner (Solo, the command) has them."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+class ApiService:
+    """The control API: REST `/v1`, the store, the outbox relay and the timeline consumer."""
+
+    name = "api"
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        catalog: Catalog | None = None,
+        port: int | None = None,
+        host: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.catalog = catalog or Catalog.load()
+        self._wanted_port = settings.api_port if port is None else port
+        self._host = host or settings.bind_host
+        self.port: int | None = None
+        """The port it listens on once started (the chosen one when asked for port 0)."""
+        self.owner_token_created: str | None = None
+        """The owner's token secret when this start made the owner, else None."""
+        self.store: Store | None = None
+        self.nc: NATS | None = None
+        self.relay: OutboxRelay | None = None
+        self._timeline: TimelineConsumer | None = None
+        self._machines = MachinesView()
+        self._server: _Server | None = None
+        self._serving: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        """`http://host:port` of the running api."""
+        return f"http://{self._host}:{self.port}"
+
+    @property
+    def owner_token_path(self) -> Path:
+        return self.settings.data_dir / OWNER_TOKEN_FILE
+
+    async def start(self) -> None:
+        sock = _bind(self._host, self._wanted_port)
+        try:
+            self.store = Store(self.settings.effective_database_url)
+            await self.store.migrate()
+            self.owner_token_created = await ensure_owner(self.store, self.settings.data_dir)
+            self.nc = await connect(self.settings.effective_nats_url, name="einsora-api")
+            js = self.nc.jetstream()
+            await provision(js)
+            self._timeline = TimelineConsumer(self.store, js)
+            await self._timeline.start()
+            await self._machines.start(self.nc, js)
+            self.relay = OutboxRelay(self.store, self.nc, js)
+            await self.relay.start()
+            nc = self.nc
+            ctx = ApiContext(
+                settings=self.settings,
+                store=self.store,
+                catalog=self.catalog,
+                machines=self._machines,
+                bus_connected=lambda: nc.is_connected,
+            )
+            config = uvicorn.Config(
+                create_app(ctx),
+                lifespan="off",
+                access_log=False,
+                log_config=None,
+                server_header=False,
+                timeout_graceful_shutdown=5,
+            )
+            self._server = _Server(config)
+            self.port = sock.getsockname()[1]
+            self._serving = asyncio.create_task(self._server.serve([sock]), name="api http")
+            while not self._server.started:
+                if self._serving.done():
+                    self._serving.result()
+                    raise RuntimeError("the HTTP server stopped while starting")
+                await asyncio.sleep(0.01)
+        except BaseException:
+            sock.close()
+            await self.stop()
+            raise
+        log.info("api listening", extra={"url": self.url})
+
+    async def stop(self) -> None:
+        server, serving = self._server, self._serving
+        self._server = self._serving = None
+        if server is not None and serving is not None:
+            server.should_exit = True
+            with contextlib.suppress(Exception):
+                await serving
+        if self.relay is not None:
+            await self.relay.stop()
+            self.relay = None
+        await self._machines.stop()
+        if self._timeline is not None:
+            await self._timeline.stop()
+            self._timeline = None
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+            self.nc = None
+        if self.store is not None:
+            await self.store.close()
+            self.store = None
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so a taken port is a clear PortInUse."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so, and without
+    # it every response on a kept-alive connection waits ~40 ms for a delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+            raise PortInUse(
+                f"cannot listen on {host}:{port}: the port is taken; choose another with "
+                "--port or EINSORA_API_PORT"
+            ) from exc
+        raise
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock

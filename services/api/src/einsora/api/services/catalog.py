@@ -1,0 +1,96 @@
+"""Classes, regions and machines, as offered now.
+
+A class is offered in a region when a machine there could run it: a CPU class where a machine
+has the cores and memory, an NVIDIA class where a healthy GPU of that model and memory is, an
+Apple Silicon class where a Mac has about that much unified memory or more. Lists are small and
+held in memory, so they page over a sorted list by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from einsora.api.machines import MachineRecord
+from einsora.api.pagination import cursor_str, encode_cursor
+from einsora.api.schemas.catalog import (
+    ClassOut,
+    ClassPage,
+    MachineOut,
+    MachinePage,
+    RegionOut,
+    RegionPage,
+)
+from einsora.api.schemas.common import PageQuery
+from einsora.common.catalog import Accelerator, Catalog, MachineClass
+from einsora.common.schemas import GpuHealth, Inventory
+
+T = TypeVar("T")
+
+
+def offers(cls: MachineClass, inventory: Inventory) -> bool:
+    """Whether a machine with `inventory` can run a workload of class `cls`."""
+    if cls.accelerator is Accelerator.cpu:
+        return inventory.cpus >= cls.cpus and inventory.memory_mib >= cls.memory_mib
+    if cls.accelerator is Accelerator.apple:
+        memory = inventory.unified_memory_mib or 0
+        return inventory.apple_chip is not None and memory >= 0.9 * cls.memory_mib
+    return any(
+        g.health is GpuHealth.ok and cls.matches_gpu(g.model, g.memory_mib) for g in inventory.gpus
+    )
+
+
+def _page(
+    items: Sequence[T], key: Callable[[T], str], query: PageQuery
+) -> tuple[list[T], str | None]:
+    after = cursor_str(query.cursor)
+    rest = [i for i in items if after is None or key(i) > after]
+    page = rest[: query.limit]
+    more = len(rest) > query.limit
+    return page, encode_cursor(key(page[-1])) if more else None
+
+
+def list_classes(catalog: Catalog, machines: list[MachineRecord], query: PageQuery) -> ClassPage:
+    inventories = [r.inventory for r in machines if r.inventory is not None]
+    classes = sorted(catalog, key=lambda c: c.name)
+    page, cursor = _page(classes, lambda c: c.name, query)
+    items = [
+        ClassOut(
+            name=c.name,
+            accelerator=c.accelerator,
+            description=c.description,
+            model=c.model,
+            memory_gib=c.memory_gib,
+            cpus=c.cpus,
+            regions=sorted({i.region for i in inventories if offers(c, i)}),
+        )
+        for c in page
+    ]
+    return ClassPage(items=items, next_cursor=cursor)
+
+
+def list_regions(
+    default_region: str, machines: list[MachineRecord], query: PageQuery
+) -> RegionPage:
+    counts: dict[str, int] = {default_region: 0}
+    for record in machines:
+        if record.region is not None:
+            counts[record.region] = counts.get(record.region, 0) + 1
+    regions = [RegionOut(name=n, machines=c) for n, c in sorted(counts.items())]
+    page, cursor = _page(regions, lambda r: r.name, query)
+    return RegionPage(items=page, next_cursor=cursor)
+
+
+def list_machines(machines: list[MachineRecord], query: PageQuery) -> MachinePage:
+    page, cursor = _page(machines, lambda r: r.machine_id, query)
+    items = [
+        MachineOut(
+            id=r.machine_id,
+            region=r.region,
+            inventory=r.inventory,
+            heartbeat_at=r.heartbeat_at,
+            workloads=r.workload_count,
+        )
+        for r in page
+    ]
+    return MachinePage(items=items, next_cursor=cursor)

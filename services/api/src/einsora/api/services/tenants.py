@@ -1,0 +1,159 @@
+"""Tenants, users and members.
+
+A token acts in one tenant. The operator (the owner, in Solo) creates tenants and may address
+any of them; anyone else sees only their token's tenant, and any other tenant id answers 404.
+A tenant's admins add members; each new member gets a first token, shown once.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from einsora.api import models as m
+from einsora.api.auth import Principal
+from einsora.api.errors import Conflict, Forbidden, NotFound
+from einsora.api.pagination import cursor_str, encode_cursor
+from einsora.api.schemas.common import PageQuery
+from einsora.api.schemas.tenants import (
+    MemberCreate,
+    MemberCreated,
+    MemberOut,
+    MemberPage,
+    MeOut,
+    Role,
+    TenantCreate,
+    TenantOut,
+    TenantPage,
+    TenantRef,
+    UserOut,
+)
+from einsora.api.services import tokens
+from einsora.api.store import Store
+from einsora.common.ids import is_id, new_id
+from einsora.common.schemas import utcnow
+
+
+def me(principal: Principal) -> MeOut:
+    return MeOut(
+        user=UserOut(id=principal.user_id, username=principal.username),
+        tenant=TenantRef(id=principal.tenant_id, name=principal.tenant_name),
+        role=Role(principal.role),
+        operator=principal.is_operator,
+    )
+
+
+async def create_tenant(store: Store, principal: Principal, body: TenantCreate) -> TenantOut:
+    if not principal.is_operator:
+        raise Forbidden("only the operator creates tenants")
+    now = utcnow()
+    tenant = TenantOut(id=new_id("tenant"), name=body.name, created_at=now)
+    async with store.write() as conn:
+        taken = await conn.scalar(sa.select(m.tenants.c.id).where(m.tenants.c.name == body.name))
+        if taken is not None:
+            raise Conflict(f"a tenant named {body.name!r} exists already", code="name_taken")
+        await conn.execute(sa.insert(m.tenants).values(**tenant.model_dump()))
+    return tenant
+
+
+async def list_tenants(store: Store, principal: Principal, query: PageQuery) -> TenantPage:
+    """The operator sees every tenant; anyone else only their token's tenant."""
+    stmt = sa.select(m.tenants.c.id, m.tenants.c.name, m.tenants.c.created_at)
+    if not principal.is_operator:
+        stmt = stmt.where(m.tenants.c.id == principal.tenant_id)
+    after = cursor_str(query.cursor)
+    if after is not None:
+        stmt = stmt.where(m.tenants.c.id > after)
+    stmt = stmt.order_by(m.tenants.c.id).limit(query.limit + 1)
+    async with store.read() as conn:
+        rows = (await conn.execute(stmt)).all()
+    items = [TenantOut.model_validate(r, from_attributes=True) for r in rows[: query.limit]]
+    more = len(rows) > query.limit
+    return TenantPage(items=items, next_cursor=encode_cursor(items[-1].id) if more else None)
+
+
+async def _tenant(conn: AsyncConnection, principal: Principal, tenant_id: str) -> TenantRef:
+    """A tenant the caller may address, else 404 (never 403: its existence is not told)."""
+    visible = principal.is_operator or tenant_id == principal.tenant_id
+    row = None
+    if visible and is_id(tenant_id, "tenant"):
+        row = (
+            await conn.execute(
+                sa.select(m.tenants.c.id, m.tenants.c.name).where(m.tenants.c.id == tenant_id)
+            )
+        ).first()
+    if row is None:
+        raise NotFound(f"no tenant {tenant_id!r}")
+    return TenantRef(id=row.id, name=row.name)
+
+
+async def add_member(
+    store: Store, principal: Principal, tenant_id: str, body: MemberCreate
+) -> MemberCreated:
+    """Add a user (made if new) to a tenant, with a first token for that tenant."""
+    now = utcnow()
+    async with store.write() as conn:
+        tenant = await _tenant(conn, principal, tenant_id)
+        if not (principal.is_operator or principal.is_admin):
+            raise Forbidden("only a tenant's admins add members")
+        user_id = await conn.scalar(
+            sa.select(m.users.c.id).where(m.users.c.username == body.username)
+        )
+        if user_id is None:
+            user_id = new_id("user")
+            await conn.execute(
+                sa.insert(m.users).values(id=user_id, username=body.username, created_at=now)
+            )
+        else:
+            already = await conn.scalar(
+                sa.select(m.members.c.role).where(
+                    m.members.c.tenant_id == tenant.id, m.members.c.user_id == user_id
+                )
+            )
+            if already is not None:
+                raise Conflict(
+                    f"{body.username} is a member of {tenant.name} already", code="already_member"
+                )
+        await conn.execute(
+            sa.insert(m.members).values(
+                tenant_id=tenant.id, user_id=user_id, role=body.role.value, created_at=now
+            )
+        )
+        token = await tokens.issue(
+            conn, tenant_id=tenant.id, user_id=user_id, name=f"first token in {tenant.name}"
+        )
+    return MemberCreated(
+        user=UserOut(id=user_id, username=body.username),
+        tenant=tenant,
+        role=body.role,
+        created_at=now,
+        token=token,
+    )
+
+
+async def list_members(
+    store: Store, principal: Principal, tenant_id: str, query: PageQuery
+) -> MemberPage:
+    stmt = (
+        sa.select(m.users.c.id, m.users.c.username, m.members.c.role, m.members.c.created_at)
+        .join(m.users, m.users.c.id == m.members.c.user_id)
+        .where(m.members.c.tenant_id == tenant_id)
+    )
+    after = cursor_str(query.cursor)
+    if after is not None:
+        stmt = stmt.where(m.users.c.id > after)
+    stmt = stmt.order_by(m.users.c.id).limit(query.limit + 1)
+    async with store.read() as conn:
+        tenant = await _tenant(conn, principal, tenant_id)
+        rows = (await conn.execute(stmt)).all()
+    items = [
+        MemberOut(
+            user=UserOut(id=r.id, username=r.username),
+            tenant=tenant,
+            role=Role(r.role),
+            created_at=r.created_at,
+        )
+        for r in rows[: query.limit]
+    ]
+    more = len(rows) > query.limit
+    return MemberPage(items=items, next_cursor=encode_cursor(items[-1].user.id) if more else None)

@@ -1,0 +1,372 @@
+"""Workloads: create, read, list, and the user's actions (park, resume, remove).
+
+Each change writes the workload row, a timeline entry and an outbox row in one transaction, so
+the intent is never lost and never published for a change that did not commit. The api changes
+a state only as far as the user's action implies (pending, parking, pending again on resume,
+removing); everything after comes from the scheduler's events (`services/timeline.py`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from einsora.api import models as m
+from einsora.api.auth import Principal
+from einsora.api.errors import Conflict, NotFound, field_error
+from einsora.api.outbox import enqueue
+from einsora.api.pagination import cursor_str, encode_cursor
+from einsora.api.schemas.workloads import (
+    PlacementOut,
+    WorkloadCreate,
+    WorkloadListQuery,
+    WorkloadOut,
+    WorkloadPage,
+    spec_json,
+)
+from einsora.api.store import Store
+from einsora.common.catalog import Catalog
+from einsora.common.ids import is_id, new_id
+from einsora.common.schemas import EventKind, IntentAction, WorkloadIntent, WorkloadState, utcnow
+
+_S = WorkloadState
+ACTIONS: dict[IntentAction, tuple[frozenset[WorkloadState], WorkloadState, str]] = {
+    IntentAction.park: (
+        frozenset({_S.scheduled, _S.starting, _S.running, _S.queued}),
+        _S.parking,
+        "only a queued, scheduled, starting or running workload can be parked",
+    ),
+    IntentAction.resume: (
+        frozenset({_S.parked}),
+        _S.pending,
+        "only a parked workload can be resumed",
+    ),
+    IntentAction.remove: (
+        frozenset(WorkloadState) - {_S.removing, _S.removed},
+        _S.removing,
+        "it is being removed already",
+    ),
+}
+"""For each action: the states it is allowed from, the state it leads to, and why not."""
+
+_VERBS = {IntentAction.park: "park", IntentAction.resume: "resume", IntentAction.remove: "remove"}
+
+
+def next_state(action: IntentAction, current: WorkloadState) -> WorkloadState:
+    """The state `action` leads to from `current`, or Conflict saying why it cannot."""
+    allowed, target, why = ACTIONS[action]
+    if current not in allowed:
+        raise Conflict(
+            f"cannot {_VERBS[action]} a workload that is {current.value}: {why}",
+            code="invalid_state",
+        )
+    return target
+
+
+def check_classes(catalog: Catalog, body: WorkloadCreate) -> None:
+    """422 naming the field when `class` or a fallback names no catalog class."""
+    if catalog.get(body.class_name) is None:
+        raise field_error("class", f"no class {body.class_name!r} in the catalog (see /v1/classes)")
+    for i, name in enumerate(body.fallback):
+        if catalog.get(name) is None:
+            raise field_error(f"fallback.{i}", f"no class {name!r} in the catalog")
+
+
+_COLUMNS = (
+    m.workloads.c.id,
+    m.workloads.c.tenant_id,
+    m.workloads.c.name,
+    m.workloads.c.kind,
+    m.workloads.c.class_name,
+    m.workloads.c.count,
+    m.workloads.c.region,
+    m.workloads.c.spec,
+    m.workloads.c.fallback,
+    m.workloads.c.state,
+    m.workloads.c.placed_region,
+    m.workloads.c.placed_machine,
+    m.workloads.c.placed_class,
+    m.workloads.c.created_at,
+    m.workloads.c.updated_at,
+)
+
+
+def _out(r: Mapping[Any, Any]) -> WorkloadOut:
+    placement = None
+    if r["placed_machine"] is not None:
+        placement = PlacementOut(
+            region=r["placed_region"] or r["region"],
+            machine=r["placed_machine"],
+            placed_class=r["placed_class"] or r["class_name"],
+        )
+    return WorkloadOut.model_validate(
+        {
+            "id": r["id"],
+            "tenant_id": r["tenant_id"],
+            "name": r["name"],
+            "kind": r["kind"],
+            "class": r["class_name"],
+            "count": r["count"],
+            "region": r["region"],
+            "spec": json.loads(r["spec"]),
+            "fallback": json.loads(r["fallback"]),
+            "state": r["state"],
+            "placement": placement,
+            "created_at": r["created_at"],
+            "updated_at": r["updated_at"],
+        }
+    )
+
+
+def _intent(action: IntentAction, r: Any) -> WorkloadIntent:
+    return WorkloadIntent.model_validate(
+        {
+            "intent_id": new_id("intent"),
+            "action": action,
+            "workload_id": r["id"],
+            "tenant_id": r["tenant_id"],
+            "region": r["region"],
+            "kind": r["kind"],
+            "class": r["class_name"],
+            "count": r["count"],
+            "spec": json.loads(r["spec"]),
+            "fallback": json.loads(r["fallback"]),
+        }
+    )
+
+
+def fingerprint(body: WorkloadCreate) -> str:
+    """What makes two POSTs the same request, for Idempotency-Key."""
+    canonical = json.dumps(body.model_dump(mode="json", by_alias=True), sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+async def _replay(
+    conn: AsyncConnection, principal: Principal, key: str, print_: str
+) -> WorkloadOut | None:
+    prior = (
+        await conn.execute(
+            sa.select(m.idempotency_keys.c.fingerprint, m.idempotency_keys.c.workload_id).where(
+                m.idempotency_keys.c.tenant_id == principal.tenant_id,
+                m.idempotency_keys.c.key == key,
+            )
+        )
+    ).first()
+    if prior is None:
+        return None
+    if prior.fingerprint != print_:
+        raise Conflict(
+            "this Idempotency-Key was used for a different request; use a new key",
+            code="idempotency_key_reused",
+        )
+    row = (
+        await conn.execute(sa.select(*_COLUMNS).where(m.workloads.c.id == prior.workload_id))
+    ).one()
+    return _out(row._mapping)
+
+
+async def create(
+    store: Store,
+    catalog: Catalog,
+    principal: Principal,
+    body: WorkloadCreate,
+    *,
+    default_region: str,
+    request_id: str,
+    traceparent: str | None = None,
+    idempotency_key: str | None = None,
+) -> tuple[WorkloadOut, bool]:
+    """The new workload (pending) and False, or the first result of this Idempotency-Key and
+    True."""
+    check_classes(catalog, body)
+    print_ = fingerprint(body) if idempotency_key else ""
+    now = utcnow()
+    workload_id = new_id("workload")
+    row: dict[str, Any] = {
+        "id": workload_id,
+        "tenant_id": principal.tenant_id,
+        "created_by": principal.user_id,
+        "name": body.name or f"{body.kind.value}-{workload_id[-6:]}",
+        "kind": body.kind.value,
+        "class_name": body.class_name,
+        "count": body.count,
+        "region": body.region or default_region,
+        "spec": spec_json(body.spec),
+        "fallback": json.dumps(body.fallback),
+        "state": WorkloadState.pending.value,
+        "placed_region": None,
+        "placed_machine": None,
+        "placed_class": None,
+        "last_seq": -1,
+        "created_at": now,
+        "updated_at": now,
+    }
+    try:
+        async with store.write() as conn:
+            if idempotency_key:
+                prior = await _replay(conn, principal, idempotency_key, print_)
+                if prior is not None:
+                    return prior, True
+            await conn.execute(sa.insert(m.workloads).values(row))
+            await _note(
+                conn,
+                workload_id,
+                WorkloadState.pending,
+                f"created by {principal.username}",
+                request_id,
+                now,
+            )
+            await enqueue(
+                conn,
+                _intent(IntentAction.create, row),
+                request_id=request_id,
+                traceparent=traceparent,
+            )
+            if idempotency_key:
+                await conn.execute(
+                    sa.insert(m.idempotency_keys).values(
+                        tenant_id=principal.tenant_id,
+                        key=idempotency_key,
+                        fingerprint=print_,
+                        workload_id=workload_id,
+                        created_at=now,
+                    )
+                )
+    except IntegrityError:
+        if not idempotency_key:
+            raise
+        # The same key committed by a concurrent request (Postgres): answer with its result.
+        async with store.read() as conn:
+            prior = await _replay(conn, principal, idempotency_key, print_)
+        if prior is None:
+            raise
+        return prior, True
+    store.outbox_written.set()
+    return _out(row), False
+
+
+async def _note(
+    conn: AsyncConnection,
+    workload_id: str,
+    state: WorkloadState,
+    reason: str,
+    request_id: str,
+    at: Any,
+) -> None:
+    await conn.execute(
+        sa.insert(m.timeline).values(
+            workload_id=workload_id,
+            at=at,
+            kind=EventKind.transition.value,
+            state=state.value,
+            reason=reason,
+            request_id=request_id,
+        )
+    )
+
+
+_ACTION_REASONS = {
+    IntentAction.park: "park requested by {}",
+    IntentAction.resume: "resume requested by {}",
+    IntentAction.remove: "removal requested by {}",
+}
+
+
+async def act(
+    store: Store,
+    principal: Principal,
+    workload_id: str,
+    action: IntentAction,
+    *,
+    request_id: str,
+    traceparent: str | None = None,
+) -> WorkloadOut:
+    """Park, resume or remove a workload: its new state, or 404/409."""
+    if not is_id(workload_id, "workload"):
+        raise NotFound(f"no workload {workload_id!r}")
+    async with store.write() as conn:
+        found = (
+            await conn.execute(
+                sa.select(*_COLUMNS)
+                .where(
+                    m.workloads.c.id == workload_id, m.workloads.c.tenant_id == principal.tenant_id
+                )
+                .with_for_update()
+            )
+        ).first()
+        if found is None:
+            raise NotFound(f"no workload {workload_id!r}")
+        target = next_state(action, WorkloadState(found.state))
+        now = utcnow()
+        await conn.execute(
+            sa.update(m.workloads)
+            .where(m.workloads.c.id == workload_id)
+            .values(state=target.value, updated_at=now)
+        )
+        await _note(
+            conn,
+            workload_id,
+            target,
+            _ACTION_REASONS[action].format(principal.username),
+            request_id,
+            now,
+        )
+        await enqueue(
+            conn, _intent(action, found._mapping), request_id=request_id, traceparent=traceparent
+        )
+    store.outbox_written.set()
+    return _out({**found._mapping, "state": target.value, "updated_at": now})
+
+
+async def get(store: Store, principal: Principal, workload_id: str) -> WorkloadOut:
+    if not is_id(workload_id, "workload"):
+        raise NotFound(f"no workload {workload_id!r}")
+    async with store.read() as conn:
+        row = (
+            await conn.execute(
+                sa.select(*_COLUMNS).where(
+                    m.workloads.c.id == workload_id, m.workloads.c.tenant_id == principal.tenant_id
+                )
+            )
+        ).first()
+    if row is None:
+        raise NotFound(f"no workload {workload_id!r}")
+    return _out(row._mapping)
+
+
+async def list_workloads(
+    store: Store, principal: Principal, query: WorkloadListQuery
+) -> WorkloadPage:
+    """The tenant's workloads, newest first, optionally of one state and kind."""
+    stmt = sa.select(*_COLUMNS).where(m.workloads.c.tenant_id == principal.tenant_id)
+    if query.state is not None:
+        stmt = stmt.where(m.workloads.c.state == query.state.value)
+    if query.kind is not None:
+        stmt = stmt.where(m.workloads.c.kind == query.kind.value)
+    before = cursor_str(query.cursor)
+    if before is not None:
+        stmt = stmt.where(m.workloads.c.id < before)
+    stmt = stmt.order_by(m.workloads.c.id.desc()).limit(query.limit + 1)
+    async with store.read() as conn:
+        rows = (await conn.execute(stmt)).all()
+    items = [_out(r._mapping) for r in rows[: query.limit]]
+    more = len(rows) > query.limit
+    return WorkloadPage(items=items, next_cursor=encode_cursor(items[-1].id) if more else None)
+
+
+async def exists(conn: AsyncConnection, principal: Principal, workload_id: str) -> bool:
+    """Whether the caller's tenant has this workload (for routes under a workload)."""
+    if not is_id(workload_id, "workload"):
+        return False
+    found = await conn.scalar(
+        sa.select(m.workloads.c.id).where(
+            m.workloads.c.id == workload_id, m.workloads.c.tenant_id == principal.tenant_id
+        )
+    )
+    return found is not None

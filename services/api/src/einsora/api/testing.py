@@ -1,0 +1,133 @@
+"""A running api for tests: the real service on a free port, and a small JSON client.
+
+Tests of this package, the CLI's and the cross-service tests use it the same way:
+`async with running_api(settings) as api:` then `await api.owner.post("/v1/workloads", {...})`.
+It needs aiohttp (a dev dependency), so only tests import it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json as jsonlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import aiohttp
+from multidict import CIMultiDict
+
+from einsora.api.service import ApiService
+from einsora.common.settings import Settings
+
+
+@dataclass
+class Answer:
+    """One HTTP answer: status, parsed JSON body (None when empty or not JSON), headers."""
+
+    status: int
+    body: Any
+    headers: Mapping[str, str]
+    text: str
+
+    @property
+    def request_id(self) -> str:
+        return self.headers["X-Request-ID"]
+
+
+class Client:
+    """JSON over HTTP to the api, as one token (or none)."""
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, token: str | None) -> None:
+        self.session = session
+        self.base_url = base_url
+        self.token = token
+
+    def as_token(self, token: str | None) -> Client:
+        return Client(self.session, self.base_url, token)
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        json: Any = None,
+        *,
+        data: bytes | BinaryIO | None = None,
+        headers: Mapping[str, str] | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> Answer:
+        sent: dict[str, str] = {}
+        if isinstance(data, bytes) and len(data) > 1024 * 1024:
+            data = io.BytesIO(data)  # aiohttp warns about big raw bytes
+        if self.token is not None:
+            sent["Authorization"] = f"Bearer {self.token}"
+        if json is not None:
+            data = jsonlib.dumps(json).encode()
+            sent["Content-Type"] = "application/json"
+        sent.update(headers or {})
+        async with self.session.request(
+            method, self.base_url + path, data=data, headers=sent, params=params
+        ) as resp:
+            text = await resp.text()
+            try:
+                body = jsonlib.loads(text) if text else None
+            except ValueError:
+                body = None
+            return Answer(resp.status, body, CIMultiDict(resp.headers), text)
+
+    async def get(
+        self,
+        path: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        params: Mapping[str, str] | None = None,
+        **more: str,
+    ) -> Answer:
+        return await self.call("GET", path, headers=headers, params={**(params or {}), **more})
+
+    async def post(self, path: str, json: Any = None, **kw: Any) -> Answer:
+        return await self.call("POST", path, json, **kw)
+
+    async def delete(self, path: str) -> Answer:
+        return await self.call("DELETE", path)
+
+
+@dataclass
+class RunningApi:
+    service: ApiService
+    session: aiohttp.ClientSession
+    owner: Client
+    """A client with the owner's token (the operator)."""
+
+    @property
+    def url(self) -> str:
+        return self.service.url
+
+    def client(self, token: str | None) -> Client:
+        return self.owner.as_token(token)
+
+
+@asynccontextmanager
+async def running_api(settings: Settings, **options: Any) -> AsyncIterator[RunningApi]:
+    """An ApiService started on a free port, with an HTTP session; stopped afterwards."""
+    service = ApiService(settings, port=0, **options)
+    await service.start()
+    token = service.owner_token_created
+    if token is None:
+        token = service.owner_token_path.read_text().strip()
+    try:
+        async with aiohttp.ClientSession() as session:
+            yield RunningApi(service, session, Client(session, service.url, token))
+    finally:
+        await service.stop()
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], within_s: float = 10.0) -> None:
+    """Wait until `check()` is true (polled), or fail after `within_s`."""
+    deadline = time.monotonic() + within_s
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {within_s} s")
+        await asyncio.sleep(0.02)

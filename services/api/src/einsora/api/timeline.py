@@ -1,0 +1,59 @@
+"""The timeline consumer: workload events from EVENTS into the store.
+
+A durable pull consumer (`api-timeline`) with explicit acks: an event is acked once it is
+committed; one the store cannot take now is retried with back-off; one that is not a workload
+event, or came on another workload's subject, is refused for good (it can never be handled).
+"""
+
+from __future__ import annotations
+
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from pydantic import ValidationError
+from sqlalchemy.exc import SQLAlchemyError
+
+from einsora.api.services.timeline import apply_event
+from einsora.api.store import Store
+from einsora.common.bus import DurableConsumer, names, request_id_of
+from einsora.common.errors import EinsoraError
+from einsora.common.schemas import WorkloadEvent
+
+TIMELINE_CONSUMER = "api-timeline"
+
+
+class TimelineConsumer:
+    """Consumes `event.workload.*` into the timeline and the workloads' states."""
+
+    def __init__(self, store: Store, js: JetStreamContext) -> None:
+        self._store = store
+        self._consumer = DurableConsumer(
+            js,
+            stream=names.EVENTS.name,
+            durable=TIMELINE_CONSUMER,
+            filter_subject=names.EVENTS_FILTER,
+            handler=self.handle,
+        )
+
+    async def start(self) -> None:
+        await self._consumer.start()
+
+    async def stop(self) -> None:
+        await self._consumer.stop()
+
+    async def handle(self, msg: Msg) -> None:
+        try:
+            event = WorkloadEvent.from_bytes(msg.data)
+        except ValidationError as exc:
+            raise EinsoraError(f"not a workload event: {exc}", code="bad_event") from exc
+        try:
+            expected = names.event_subject(event.workload_id)
+        except ValueError:
+            expected = None
+        if msg.subject != expected:
+            raise EinsoraError(
+                f"event for {event.workload_id!r} came on {msg.subject}", code="bad_event"
+            )
+        try:
+            await apply_event(self._store, event, request_id_of(msg.headers))
+        except SQLAlchemyError as exc:
+            raise EinsoraError(f"store unavailable: {exc!r}", retryable=True) from exc

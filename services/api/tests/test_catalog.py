@@ -1,0 +1,129 @@
+"""Classes, regions and machines from the agents' inventories in KV (the test acts as agents)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from einsora.api.testing import RunningApi, eventually
+from einsora.common.bus import bind_bucket, names
+from einsora.common.schemas import (
+    Gpu,
+    GpuHealth,
+    Inventory,
+    ObservedPhase,
+    ObservedState,
+    ObservedWorkload,
+)
+from einsora.common.testing import Bus
+
+HEARTBEAT = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def _inventory(machine: str, region: str, cpus: int, gib: int, gpus: list[Gpu]) -> Inventory:
+    return Inventory(
+        machine_id=machine,
+        region=region,
+        hostname=machine,
+        os="linux",
+        arch="x86_64",
+        cpus=cpus,
+        memory_mib=gib * 1024,
+        gpus=gpus,
+        drivers=["sim"],
+    )
+
+
+async def _all(api: RunningApi, path: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        params = {"limit": "5"} | ({"cursor": cursor} if cursor else {})
+        page = await api.owner.get(path, params=params)
+        assert page.status == 200, page.text
+        items.extend(page.body["items"])
+        cursor = page.body["next_cursor"]
+        if cursor is None:
+            return items
+
+
+async def test_machines_classes_and_regions_follow_the_inventories(
+    api: RunningApi, bus: Bus
+) -> None:
+    kv = bind_bucket(bus.js, names.MACHINES)
+    l40s = Gpu(index=0, uuid="GPU-1", model="NVIDIA L40S", memory_mib=46068)
+    broken = Gpu(
+        index=1,
+        uuid="GPU-2",
+        model="NVIDIA H100 80GB HBM3",
+        memory_mib=81559,
+        health=GpuHealth.quarantined,
+    )
+    await kv.put(
+        names.inventory_key("m-gpu"), _inventory("m-gpu", "lab", 32, 128, [l40s, broken]).to_bytes()
+    )
+    await kv.put(names.inventory_key("m-small"), _inventory("m-small", "home", 2, 4, []).to_bytes())
+    observed = ObservedState(
+        machine_id="m-gpu",
+        generation_applied=3,
+        heartbeat_at=HEARTBEAT,
+        workloads=[
+            ObservedWorkload(workload_id="w-a", phase=ObservedPhase.running),
+            ObservedWorkload(workload_id="w-b", phase=ObservedPhase.removed),
+        ],
+    )
+    await kv.put(names.observed_key("m-gpu"), observed.to_bytes())
+    await kv.put(names.inventory_key("m-junk"), b"{not json")
+
+    async def both_seen() -> bool:
+        machines = (await api.owner.get("/v1/machines")).body["items"]
+        return len(machines) == 2 and any(m["heartbeat_at"] for m in machines)
+
+    await eventually(both_seen)
+    machines = {m["id"]: m for m in await _all(api, "/v1/machines")}
+    assert machines["m-gpu"]["region"] == "lab"
+    assert machines["m-gpu"]["workloads"] == 1
+    assert machines["m-gpu"]["heartbeat_at"] == "2026-11-29T12:00:00Z"
+    assert machines["m-gpu"]["inventory"]["gpus"][0]["model"] == "NVIDIA L40S"
+    assert machines["m-small"]["heartbeat_at"] is None
+
+    classes = {c["name"]: c for c in await _all(api, "/v1/classes")}
+    assert {"cpu-1c-2g", "cpu-2c-4g", "cpu-4c-16g", "cpu-8c-32g", "l40s-48gb"} <= set(classes)
+    assert classes["l40s-48gb"]["regions"] == ["lab"]
+    assert classes["l40s-48gb"]["accelerator"] == "nvidia"
+    assert classes["h100-80gb"]["regions"] == []  # its only GPU is quarantined
+    assert classes["cpu-2c-4g"]["regions"] == ["home", "lab"]
+    assert classes["cpu-4c-16g"]["regions"] == ["lab"]
+    assert classes["apple-silicon-32gb"]["regions"] == []
+
+    regions = await _all(api, "/v1/regions")
+    assert regions == [
+        {"name": "home", "machines": 1},
+        {"name": "lab", "machines": 1},
+        {"name": "local", "machines": 0},
+    ]
+
+    await kv.delete(names.inventory_key("m-small"))
+
+    async def gone() -> bool:
+        return len((await api.owner.get("/v1/machines")).body["items"]) == 1
+
+    await eventually(gone)
+
+
+async def test_an_apple_class_is_offered_by_a_mac_with_enough_memory(
+    api: RunningApi, bus: Bus
+) -> None:
+    kv = bind_bucket(bus.js, names.MACHINES)
+    mac = _inventory("m-mac", "home", 12, 36, []).model_copy(
+        update={"apple_chip": "M3 Pro", "unified_memory_mib": 36 * 1024, "arch": "arm64"}
+    )
+    await kv.put(names.inventory_key("m-mac"), mac.to_bytes())
+
+    async def offered() -> bool:
+        classes = {c["name"]: c for c in await _all(api, "/v1/classes")}
+        return bool(classes["apple-silicon-32gb"]["regions"] == ["home"])
+
+    await eventually(offered)
+    classes = {c["name"]: c for c in await _all(api, "/v1/classes")}
+    assert classes["apple-silicon-64gb"]["regions"] == []

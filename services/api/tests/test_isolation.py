@@ -1,0 +1,107 @@
+"""Tenant isolation: another tenant's workload, token or tenant answers 404 on every route, and
+never shows up in a list. The table below must name every route with an id in its path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from einsora.api.routers import all_operations
+from einsora.api.testing import Client, RunningApi
+
+
+@dataclass
+class Victim:
+    tenant_id: str
+    workload_id: str
+    parked_id: str
+    token_id: str
+    client: Client
+
+
+ATTEMPTS: list[tuple[str, str, str, object]] = [
+    # method, route template, which of the victim's ids, body
+    ("GET", "/v1/workloads/{id}", "workload_id", None),
+    ("POST", "/v1/workloads/{id}/park", "workload_id", None),
+    ("POST", "/v1/workloads/{id}/resume", "parked_id", None),
+    ("DELETE", "/v1/workloads/{id}", "workload_id", None),
+    ("GET", "/v1/workloads/{id}/events", "workload_id", None),
+    ("DELETE", "/v1/tokens/{id}", "token_id", None),
+    ("POST", "/v1/tenants/{id}/members", "tenant_id", {"username": "mallory", "role": "admin"}),
+    ("GET", "/v1/tenants/{id}/members", "tenant_id", None),
+]
+
+
+def test_the_table_covers_every_route_with_an_id() -> None:
+    with_ids = {(op.method, op.path) for op in all_operations() if "{" in op.path}
+    assert with_ids == {(method, path) for method, path, _, _ in ATTEMPTS}
+
+
+async def _tenant(api: RunningApi, name: str) -> tuple[str, Client]:
+    tenant = await api.owner.post("/v1/tenants", {"name": name})
+    member = await api.owner.post(
+        f"/v1/tenants/{tenant.body['id']}/members", {"username": f"{name}-admin", "role": "admin"}
+    )
+    return tenant.body["id"], api.client(member.body["token"]["token"])
+
+
+async def _victim(api: RunningApi) -> Victim:
+    tenant_id, client = await _tenant(api, "victim")
+    running = await client.post("/v1/workloads", {"kind": "notebook", "class": "cpu-1c-2g"})
+    parked = await client.post("/v1/workloads", {"kind": "vm", "class": "cpu-2c-4g"})
+    token = await client.post("/v1/tokens", {"name": "victim's"})
+    assert api.service.store is not None
+    async with api.service.store.write() as conn:  # so every action would be allowed
+        for wid, state in ((running.body["id"], "running"), (parked.body["id"], "parked")):
+            await conn.execute(
+                sa.text("UPDATE workloads SET state = :s WHERE id = :id"), {"s": state, "id": wid}
+            )
+    return Victim(tenant_id, running.body["id"], parked.body["id"], token.body["id"], client)
+
+
+async def test_another_tenants_objects_answer_404_on_every_route(api: RunningApi) -> None:
+    victim = await _victim(api)
+    _, intruder = await _tenant(api, "intruder")
+    before = await victim.client.get(f"/v1/workloads/{victim.workload_id}/events")
+    for method, template, which, body in ATTEMPTS:
+        path = template.replace("{id}", getattr(victim, which))
+        answer = await intruder.call(method, path, body)
+        assert answer.status == 404, (method, template, answer.status, answer.text)
+        assert answer.body["error"] == "not_found"
+        assert getattr(victim, which) not in str(answer.body["details"])
+    # Nothing changed for the victim.
+    assert (await victim.client.get(f"/v1/workloads/{victim.workload_id}")).body[
+        "state"
+    ] == "running"
+    assert (await victim.client.get(f"/v1/workloads/{victim.parked_id}")).body["state"] == "parked"
+    after = await victim.client.get(f"/v1/workloads/{victim.workload_id}/events")
+    assert after.body == before.body
+    members = await victim.client.get(f"/v1/tenants/{victim.tenant_id}/members")
+    assert [m["user"]["username"] for m in members.body["items"]] == ["victim-admin"]
+    tokens = await victim.client.get("/v1/tokens")
+    assert victim.token_id in [t["id"] for t in tokens.body["items"]]
+
+
+async def test_lists_show_only_the_callers_tenant(api: RunningApi) -> None:
+    victim = await _victim(api)
+    _, intruder = await _tenant(api, "intruder")
+    mine = await intruder.post("/v1/workloads", {"kind": "endpoint", "class": "cpu-1c-2g"})
+    listed = await intruder.get("/v1/workloads")
+    assert [w["id"] for w in listed.body["items"]] == [mine.body["id"]]
+    for state in ("running", "parked"):
+        assert (await intruder.get("/v1/workloads", state=state)).body["items"] == []
+    tokens = await intruder.get("/v1/tokens")
+    assert victim.token_id not in tokens.text
+    tenants = await intruder.get("/v1/tenants")
+    assert [t["name"] for t in tenants.body["items"]] == ["intruder"]
+    assert victim.tenant_id not in tenants.text
+
+
+async def test_a_member_of_the_same_tenant_cannot_revoke_anothers_token(api: RunningApi) -> None:
+    tenant_id, admin = await _tenant(api, "shared")
+    added = await admin.post(f"/v1/tenants/{tenant_id}/members", {"username": "carl"})
+    carl = api.client(added.body["token"]["token"])
+    admins = await admin.post("/v1/tokens", {"name": "admin's"})
+    assert (await carl.delete(f"/v1/tokens/{admins.body['id']}")).status == 404
+    assert (await api.client(admins.body["token"]).get("/v1/me")).status == 200

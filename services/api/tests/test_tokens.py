@@ -1,0 +1,111 @@
+"""API tokens: shown once, stored only as a hash, refused at once when revoked or expired."""
+
+from __future__ import annotations
+
+import hashlib
+import stat
+from datetime import UTC, datetime, timedelta
+
+import sqlalchemy as sa
+
+from einsora.api.testing import RunningApi
+
+
+async def _table(api: RunningApi) -> list[dict[str, object]]:
+    assert api.service.store is not None
+    async with api.service.store.read() as conn:
+        rows = (await conn.execute(sa.text("SELECT * FROM api_tokens"))).mappings().all()
+    return [dict(r) for r in rows]
+
+
+async def test_owner_token_is_written_once_with_mode_0600(api: RunningApi) -> None:
+    path = api.service.owner_token_path
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    secret = path.read_text().strip()
+    assert secret == api.service.owner_token_created
+    assert secret.startswith("tsk_")
+    me = await api.owner.get("/v1/me")
+    assert me.body["user"]["username"] == "owner"
+    assert me.body["role"] == "admin"
+    assert me.body["operator"] is True
+
+
+async def test_owner_is_made_only_on_the_first_start(api: RunningApi) -> None:
+    from einsora.api.bootstrap import ensure_owner
+
+    assert api.service.store is not None
+    before = api.service.owner_token_path.read_text()
+    assert await ensure_owner(api.service.store, api.service.settings.data_dir) is None
+    assert api.service.owner_token_path.read_text() == before
+
+
+async def test_token_lifecycle(api: RunningApi) -> None:
+    created = await api.owner.post("/v1/tokens", {"name": "laptop", "expires_in_days": 30})
+    assert created.status == 201
+    secret = created.body["token"]
+    assert secret.startswith("tsk_")
+    assert set(created.body) == {"id", "name", "token", "created_at", "expires_at"}
+    expires = datetime.fromisoformat(created.body["expires_at"])
+    assert timedelta(days=29) < expires - datetime.now(UTC) <= timedelta(days=30)
+
+    # The secret is never shown again, and the store holds only its hash.
+    listed = await api.owner.get("/v1/tokens")
+    assert {t["name"] for t in listed.body["items"]} == {"owner", "laptop"}
+    assert secret not in listed.text
+    assert all("token" not in t for t in listed.body["items"])
+    rows = await _table(api)
+    assert all(secret not in str(value) for row in rows for value in row.values())
+    assert hashlib.sha256(secret.encode()).hexdigest() in {r["secret_sha256"] for r in rows}
+    owner_secret = api.owner.token
+    assert owner_secret is not None
+    assert all(owner_secret not in str(value) for row in rows for value in row.values())
+
+    laptop = api.client(secret)
+    me = await laptop.get("/v1/me")
+    assert me.status == 200
+    used = await api.owner.get("/v1/tokens")
+    [row] = [t for t in used.body["items"] if t["id"] == created.body["id"]]
+    assert row["last_used_at"] is not None
+
+    # Revoked: refused from the very next request.
+    revoked = await api.owner.delete(f"/v1/tokens/{created.body['id']}")
+    assert revoked.status == 204
+    refused = await laptop.get("/v1/me")
+    assert refused.status == 401
+    assert refused.body["error"] == "unauthenticated"
+    assert "revoked" in refused.body["message"]
+    assert refused.body["request_id"] == refused.request_id
+    assert refused.headers["WWW-Authenticate"] == "Bearer"
+    again = await api.owner.delete(f"/v1/tokens/{created.body['id']}")
+    assert again.status == 404
+
+
+async def test_an_expired_token_is_refused_at_once(api: RunningApi) -> None:
+    created = await api.owner.post("/v1/tokens", {"name": "short", "expires_in_days": 1})
+    short = api.client(created.body["token"])
+    assert (await short.get("/v1/me")).status == 200
+    assert api.service.store is not None
+    async with api.service.store.write() as conn:  # a day passes
+        await conn.execute(
+            sa.text("UPDATE api_tokens SET expires_at = :at WHERE id = :id"),
+            {
+                "at": datetime.now(UTC).replace(tzinfo=None) - timedelta(seconds=1),
+                "id": created.body["id"],
+            },
+        )
+    refused = await short.get("/v1/me")
+    assert refused.status == 401
+    assert "expired" in refused.body["message"]
+
+
+async def test_missing_unknown_and_malformed_tokens_are_401(api: RunningApi) -> None:
+    for token, words in (
+        (None, "missing"),
+        ("tsk_" + "a" * 43, "unknown"),
+        ("not-a-token", "malformed"),
+    ):
+        answer = await api.client(token).get("/v1/workloads")
+        assert answer.status == 401, token
+        assert words in answer.body["message"]
+    raw = await api.owner.call("GET", "/v1/me", headers={"Authorization": "Basic Zm9vOmJhcg=="})
+    assert raw.status == 401

@@ -1,0 +1,179 @@
+"""Workloads over HTTP: launch, read, list with cursors, the actions and their state rules."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from einsora.api.errors import Conflict
+from einsora.api.services.workloads import next_state
+from einsora.api.testing import RunningApi
+from einsora.common.schemas import IntentAction, WorkloadState
+
+NOTEBOOK = {"kind": "notebook", "class": "cpu-1c-2g"}
+
+
+async def _set_state(api: RunningApi, workload_id: str, state: str) -> None:
+    """Act as the scheduler's events would, straight on the store (state rules are the api's)."""
+    assert api.service.store is not None
+    async with api.service.store.write() as conn:
+        await conn.execute(
+            sa.text("UPDATE workloads SET state = :s WHERE id = :id"),
+            {"s": state, "id": workload_id},
+        )
+
+
+async def test_launch_answers_pending_with_a_request_id_and_a_timeline_entry(
+    api: RunningApi,
+) -> None:
+    created = await api.owner.post(
+        "/v1/workloads",
+        {**NOTEBOOK, "name": "my nb", "spec": {"image": "jupyter"}, "fallback": ["cpu-2c-4g"]},
+        headers={"X-Request-ID": "my-request-1"},
+    )
+    assert created.status == 201
+    assert created.request_id == "my-request-1"
+    body = created.body
+    assert body["state"] == "pending"
+    assert body["class"] == "cpu-1c-2g"
+    assert body["region"] == "local"
+    assert body["count"] == 1
+    assert body["spec"] == {"image": "jupyter"}
+    assert body["fallback"] == ["cpu-2c-4g"]
+    assert body["placement"] is None
+    shown = await api.owner.get(f"/v1/workloads/{body['id']}")
+    assert shown.status == 200
+    assert shown.body == body
+    events = await api.owner.get(f"/v1/workloads/{body['id']}/events")
+    assert events.status == 200
+    [entry] = events.body["items"]
+    assert entry["kind"] == "transition"
+    assert entry["state"] == "pending"
+    assert entry["request_id"] == "my-request-1"
+    assert "owner" in entry["reason"]
+
+
+async def test_an_unsafe_request_id_is_replaced(api: RunningApi) -> None:
+    answer = await api.owner.get("/v1/me", headers={"X-Request-ID": "x" * 65})
+    assert answer.request_id.startswith("req-")
+    answer = await api.owner.get("/v1/me", headers={"X-Request-ID": "a b\tc"})
+    assert answer.request_id.startswith("req-")
+
+
+async def test_idempotency_key_returns_the_first_result(api: RunningApi) -> None:
+    key = {"Idempotency-Key": "launch-42"}
+    first = await api.owner.post("/v1/workloads", NOTEBOOK, headers=key)
+    again = await api.owner.post("/v1/workloads", NOTEBOOK, headers=key)
+    assert first.status == again.status == 201
+    assert again.body["id"] == first.body["id"]
+    assert again.headers.get("Idempotent-Replayed") == "true"
+    listed = await api.owner.get("/v1/workloads")
+    assert [w["id"] for w in listed.body["items"]] == [first.body["id"]]
+    other = await api.owner.post("/v1/workloads", {**NOTEBOOK, "count": 2}, headers=key)
+    assert other.status == 409
+    assert other.body["error"] == "idempotency_key_reused"
+    bad = await api.owner.post("/v1/workloads", NOTEBOOK, headers={"Idempotency-Key": "a b"})
+    assert bad.status == 422
+    assert "Idempotency-Key" in bad.body["message"]
+
+
+async def test_the_same_key_in_another_tenant_is_another_request(api: RunningApi) -> None:
+    tenant = await api.owner.post("/v1/tenants", {"name": "lab"})
+    member = await api.owner.post(
+        f"/v1/tenants/{tenant.body['id']}/members", {"username": "ann", "role": "admin"}
+    )
+    ann = api.client(member.body["token"]["token"])
+    key = {"Idempotency-Key": "same"}
+    mine = await api.owner.post("/v1/workloads", NOTEBOOK, headers=key)
+    hers = await ann.post("/v1/workloads", NOTEBOOK, headers=key)
+    assert hers.status == 201
+    assert hers.body["id"] != mine.body["id"]
+
+
+async def test_list_pages_with_cursors_and_filters(api: RunningApi) -> None:
+    ids = []
+    for i in range(7):
+        kind = "vm" if i % 2 else "notebook"
+        created = await api.owner.post("/v1/workloads", {"kind": kind, "class": "cpu-1c-2g"})
+        ids.append(created.body["id"])
+    seen: list[str] = []
+    cursor = None
+    pages = 0
+    while True:
+        params = {"limit": "3"} | ({"cursor": cursor} if cursor else {})
+        page = await api.owner.get("/v1/workloads", params=params)
+        assert page.status == 200
+        seen.extend(w["id"] for w in page.body["items"])
+        pages += 1
+        cursor = page.body["next_cursor"]
+        if cursor is None:
+            break
+    assert pages == 3
+    assert seen == list(reversed(ids))  # newest first
+    vms = await api.owner.get("/v1/workloads", kind="vm")
+    assert {w["kind"] for w in vms.body["items"]} == {"vm"}
+    assert len(vms.body["items"]) == 3
+    await _set_state(api, ids[0], "running")
+    running = await api.owner.get("/v1/workloads", state="running")
+    assert [w["id"] for w in running.body["items"]] == [ids[0]]
+
+
+async def test_actions_follow_the_state_rules(api: RunningApi) -> None:
+    created = await api.owner.post("/v1/workloads", NOTEBOOK)
+    wid = created.body["id"]
+    # pending: neither park nor resume
+    refused = await api.owner.post(f"/v1/workloads/{wid}/park")
+    assert refused.status == 409
+    assert refused.body["error"] == "invalid_state"
+    assert "pending" in refused.body["message"]
+    assert (await api.owner.post(f"/v1/workloads/{wid}/resume")).status == 409
+    # running → park → parking
+    await _set_state(api, wid, "running")
+    parked = await api.owner.post(f"/v1/workloads/{wid}/park")
+    assert parked.status == 202
+    assert parked.body["state"] == "parking"
+    resumed = await api.owner.post(f"/v1/workloads/{wid}/resume")
+    assert resumed.status == 409
+    assert "only a parked workload" in resumed.body["message"]
+    await _set_state(api, wid, "parked")
+    resumed = await api.owner.post(f"/v1/workloads/{wid}/resume")
+    assert resumed.status == 202
+    assert resumed.body["state"] == "pending"
+    removed = await api.owner.delete(f"/v1/workloads/{wid}")
+    assert removed.status == 202
+    assert removed.body["state"] == "removing"
+    again = await api.owner.delete(f"/v1/workloads/{wid}")
+    assert again.status == 409
+    states = [
+        e["state"] for e in (await api.owner.get(f"/v1/workloads/{wid}/events")).body["items"]
+    ]
+    assert states == ["pending", "parking", "pending", "removing"]
+
+
+@pytest.mark.parametrize("state", list(WorkloadState))
+@pytest.mark.parametrize(
+    ("action", "allowed", "target"),
+    [
+        (IntentAction.park, {"scheduled", "starting", "running", "queued"}, "parking"),
+        (IntentAction.resume, {"parked"}, "pending"),
+        (IntentAction.remove, set(WorkloadState) - {"removing", "removed"}, "removing"),
+    ],
+)
+def test_state_rules_table(
+    state: WorkloadState, action: IntentAction, allowed: set[str], target: str
+) -> None:
+    if state.value in allowed:
+        assert next_state(action, state).value == target
+    else:
+        with pytest.raises(Conflict, match=state.value):
+            next_state(action, state)
+
+
+async def test_unknown_class_is_a_422_naming_the_field(api: RunningApi) -> None:
+    answer = await api.owner.post("/v1/workloads", {"kind": "vm", "class": "no-such-gpu"})
+    assert answer.status == 422
+    assert answer.body["details"][0]["field"] == "class"
+    answer = await api.owner.post("/v1/workloads", {**NOTEBOOK, "fallback": ["cpu-2c-4g", "nope"]})
+    assert answer.status == 422
+    assert answer.body["details"][0]["field"] == "fallback.1"
+    assert (await api.owner.get("/v1/workloads")).body["items"] == []
