@@ -166,6 +166,7 @@ async def test_agent_stop_leaves_workloads_running_and_a_new_agent_adopts_them(
     )
     before = {w.workload_id: w for w in state.workloads}
     stay, go = processes.track(before["w-stay"].pid), processes.track(before["w-go"].pid)
+    assert first.running_count() == 2
     await first.stop()
     assert processes.alive(stay)
     assert processes.alive(go)

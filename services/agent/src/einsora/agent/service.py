@@ -181,6 +181,16 @@ class AgentService:
         """Stop every workload of every machine (directories kept), and report it."""
         await asyncio.gather(*(m.stop_workloads() for m in self.machines.values()))
 
+    def running_count(self) -> int:
+        """How many workloads the agent has live now (starting, running or stopping): those a
+        `stop()` leaves running."""
+        return sum(
+            1
+            for m in self.machines.values()
+            for s in m.supervisors.values()
+            if s.handle is not None
+        )
+
     # --- parts ------------------------------------------------------------------------------
 
     async def _inventory(self, machine_id: str) -> Inventory:
