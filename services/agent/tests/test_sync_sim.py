@@ -187,3 +187,10 @@ async def test_many_sim_machines_share_one_process(
         state = await control.observed(machine_id)
         assert state is not None
         assert state.workloads == []
+
+
+async def test_sim_fail_rate_fails_starts(control: ControlPlane, start_agent: StartAgent) -> None:
+    await start_agent(machine_id="m-sim7", driver="sim", sim_fail_rate=1.0)
+    await control.put_desired("m-sim7", 1, [control.workload("w-x")])
+    seen = await control.wait_workload("m-sim7", "w-x", lambda w: w.phase is ObservedPhase.failed)
+    assert "injected failure" in seen.reason

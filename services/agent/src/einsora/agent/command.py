@@ -73,6 +73,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="seconds a sim workload stays starting",
     )
     parser.add_argument(
+        "--sim-fail-rate",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="share (0 to 1) of sim workload starts that fail, for tests of the failure path",
+    )
+    parser.add_argument(
         "--provision",
         action="store_true",
         help="create the bus's streams and buckets if missing (needs full rights)",
@@ -104,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         heartbeat_s=args.heartbeat,
         grace_s=args.grace,
         sim_start_delay_s=args.sim_start_delay,
+        sim_fail_rate=args.sim_fail_rate,
         provision_bus=args.provision,
     )
     return asyncio.run(_serve(service))

@@ -22,6 +22,7 @@ from typing import Literal
 
 import nats.errors
 from nats.aio.client import Client as NATS
+from nats.js.errors import NoStreamResponseError
 
 from einsora.agent import identity, inventory, sim_inventory
 from einsora.agent.drivers import Driver, ProcessDriver, ProcessOptions, SimDriver, SimOptions
@@ -80,6 +81,8 @@ class AgentService:
         ):
             if value <= 0:
                 raise ConfigError(f"the {label} interval must be more than 0 s, not {value}")
+        if not 0.0 <= sim_fail_rate <= 1.0:
+            raise ConfigError(f"the sim fail rate is a share from 0 to 1, not {sim_fail_rate}")
         self.settings = settings
         self.driver_name: DriverName = driver
         base = identity.resolve_machine_id(settings.data_dir, machine_id)
@@ -144,7 +147,7 @@ class AgentService:
                 )
             publisher.start()
             await _bounded(self.machines.values(), lambda m: m.open())
-        except nats.errors.NoRespondersError as exc:
+        except (nats.errors.NoRespondersError, NoStreamResponseError) as exc:
             await self.stop()
             raise EinsoraError(
                 f"the {names.MACHINES.name} bucket does not exist on NATS at {url}: provision "
