@@ -1,1 +1,5 @@
-"""Einsora scheduler service."""
+"""Einsora scheduler: admission, placement, queue and reconcile for one region."""
+
+from einsora.scheduler.service import SchedulerService
+
+__all__ = ["SchedulerService"]

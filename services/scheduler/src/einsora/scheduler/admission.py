@@ -1,0 +1,131 @@
+"""Admission and placement: a pending workload goes to a machine now, or waits its turn.
+
+The rule (ADR-0003): a resuming workload goes back to the machine that holds its working
+directory when it fits there; otherwise, and for every new workload, the best-fit machine (the
+one left with the fewest free devices of the class, or the fewest free cores). When nothing
+fits, the workload is queued. Each pool (a GPU class, or all CPU classes together) is a strict
+first-in first-out queue, oldest first: a workload is never placed while an older one of its
+pool waits, so a large request is not starved by a stream of small ones. A workload that no
+machine of the region could hold even when empty does not block the others.
+"""
+
+from __future__ import annotations
+
+from einsora.common.schemas import Placement, Target, WorkloadState
+from einsora.scheduler import reasons
+from einsora.scheduler.book import Book
+from einsora.scheduler.capacity import Demand, Grant, fit, free_cpus, free_memory_mib
+from einsora.scheduler.model import Liveness, Machine, Row, Workload
+
+
+def admit(book: Book, workload: Workload, demand: Demand) -> None:
+    """Place a pending workload now if its turn has come and something fits, else queue it."""
+    book.enqueue(workload, demand.pool)
+    admit_pool(book, demand.pool)
+    if workload.state is WorkloadState.pending:
+        book.transition(workload, WorkloadState.queued, _queued_reason(book, workload, demand))
+
+
+def admit_queued(book: Book) -> None:
+    """Capacity freed somewhere: admit what now fits, oldest first in each pool."""
+    for pool in list(book.queue):
+        admit_pool(book, pool)
+
+
+def admit_pool(book: Book, pool: str) -> None:
+    queue = book.queue.get(pool)
+    i = 0
+    while queue and i < len(queue):
+        workload = queue[i]
+        demand = book.demand_of(workload)
+        assert demand is not None  # unknown classes fail before they are queued
+        grant = choose(book, workload, demand)
+        if grant is not None:
+            del queue[i]
+            place(book, workload, demand, grant)
+            continue
+        if book.ever_fits(demand):
+            break  # strict order: nothing younger in this pool goes first
+        i += 1
+    if not queue:
+        book.queue.pop(pool, None)
+
+
+def choose(book: Book, workload: Workload, demand: Demand) -> Grant | None:
+    """The machine holding its working directory if it fits there, else the best fit."""
+    home = book.machines.get(workload.machine_id) if workload.machine_id else None
+    if home is not None and home.placeable:
+        grant = fit(home, demand)
+        if grant is not None:
+            return grant
+    best = book.index.best_fit(demand)
+    if best is None:
+        return None
+    return fit(book.machines[best], demand)
+
+
+def place(book: Book, workload: Workload, demand: Demand, grant: Grant) -> None:
+    """Book the grant in the machine's desired state and say where, and why, in the timeline."""
+    machine = book.machines[grant.machine_id]
+    reason = _placed_reason(book, workload, machine, demand)
+    home = book.row_of(workload)
+    if home is not None and home[0] is not machine:
+        old_machine, old_row = home
+        book.release(old_machine, old_row, Target.removed)
+    book.set_row(
+        machine,
+        Row(
+            workload.workload_id,
+            Target.running,
+            gpus=list(grant.gpus),
+            cpus=grant.cpus,
+            memory_mib=grant.memory_mib,
+        ),
+    )
+    workload.machine_id = machine.machine_id
+    workload.pending_since = None
+    book.transition(
+        workload,
+        WorkloadState.scheduled,
+        reason,
+        Placement(region=book.region, machine=machine.machine_id, placed_class=demand.class_name),
+    )
+
+
+def _placed_reason(book: Book, workload: Workload, machine: Machine, demand: Demand) -> str:
+    home = workload.machine_id
+    if home == machine.machine_id:
+        return reasons.placed_on_disk_machine(machine.machine_id)
+    if demand.gpu:
+        total = len(machine.gpus_by_class.get(demand.class_name, []))
+        free = book.index.free_devices(machine.machine_id, demand.class_name)
+        text = reasons.placed(machine.machine_id, str(free), f"{total} {demand.class_name}")
+    else:
+        cores = f"{free_cpus(machine):g}"
+        memory = f"{free_memory_mib(machine) / 1024:g}"
+        size = f"{machine.inventory.cpus} cores and {machine.inventory.memory_mib / 1024:g} GiB"
+        text = reasons.placed(machine.machine_id, f"{cores} cores and {memory} GiB", size)
+    if home is not None and home in book.machines and book.row_of(workload) is not None:
+        why = _why_not_home(book.machines[home])
+        return reasons.moved_from_disk_machine(machine.machine_id, home, why) + f" ({text})"
+    return text
+
+
+def _why_not_home(machine: Machine) -> str:
+    if not machine.placeable:
+        return "is not reporting" if machine.liveness is not Liveness.alive else "is settling"
+    return "has no room for it now"
+
+
+def _queued_reason(book: Book, workload: Workload, demand: Demand) -> str:
+    if not book.ever_fits(demand):
+        if demand.gpu:
+            largest = max(
+                (len(m.gpus_by_class.get(demand.class_name, [])) for m in book.machines.values()),
+                default=0,
+            )
+        else:
+            largest = 0
+        return reasons.never_fits(book.region, demand, largest)
+    ahead = book.queued_ahead(workload, demand.pool)
+    return reasons.queued(book.region, demand, ahead)

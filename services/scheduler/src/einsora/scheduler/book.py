@@ -1,0 +1,257 @@
+"""The book: the scheduler's whole state in memory, and the changes one cycle makes to it.
+
+Every decision goes through the book's few primitives (set a row, drop a row, emit an event,
+set a route), which record what changed in `Changes`. The engine then commits exactly those
+changes to the store in one transaction and projects them onto the bus, so the store and the
+bus never hear of a change the other could miss (ADR-0004).
+
+A machine's generation rises once per cycle in which any of its rows changed, whatever the
+number of rows, so each affected machine's desired state is written once per cycle.
+"""
+
+from __future__ import annotations
+
+import bisect
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from einsora.common.catalog import Catalog
+from einsora.common.schemas import (
+    Endpoint,
+    EventKind,
+    Placement,
+    Route,
+    Target,
+    WorkloadEvent,
+    WorkloadState,
+    utcnow,
+)
+from einsora.scheduler.capacity import CapacityIndex, Demand, could_ever_fit, gpus_by_class
+from einsora.scheduler.model import Machine, Row, Workload
+
+
+@dataclass(frozen=True)
+class OutboxEvent:
+    """An event decided in a cycle: stored with the decision, then published."""
+
+    event: WorkloadEvent
+    request_id: str
+
+
+@dataclass(frozen=True)
+class ProcessedIntent:
+    """An intent handled once; its id makes a redelivery change nothing."""
+
+    intent_id: str
+    workload_id: str
+    action: str
+
+
+@dataclass
+class Changes:
+    """What one cycle changed: the store's next transaction and the bus's next projection."""
+
+    new_machines: set[str] = field(default_factory=set)
+    machines: dict[str, Machine] = field(default_factory=dict)
+    new_workloads: set[str] = field(default_factory=set)
+    workloads: dict[str, Workload] = field(default_factory=dict)
+    rows: dict[tuple[str, str], Row | None] = field(default_factory=dict)
+    intents: list[ProcessedIntent] = field(default_factory=list)
+    events: list[OutboxEvent] = field(default_factory=list)
+    routes: dict[str, Route | None] = field(default_factory=dict)
+    desired: set[str] = field(default_factory=set)
+    capacity_freed: bool = False
+
+    @property
+    def to_store(self) -> bool:
+        return bool(self.machines or self.workloads or self.rows or self.intents or self.events)
+
+
+class Book:
+    """Machines, workloads, rows, the queue and the capacity index of one region."""
+
+    def __init__(self, region: str, catalog: Catalog) -> None:
+        self.region = region
+        self.catalog = catalog
+        self.machines: dict[str, Machine] = {}
+        self.workloads: dict[str, Workload] = {}
+        self.queue: dict[str, list[Workload]] = {}
+        self.index = CapacityIndex()
+        self.routes: dict[str, Endpoint] = {}
+        """The endpoint each running workload's route was last written with."""
+        self.changes = Changes()
+        self._ever_fits: dict[Demand, bool] = {}
+
+    def begin(self) -> Changes:
+        """Start a cycle: later primitives record into a fresh `Changes`."""
+        self.changes = Changes()
+        return self.changes
+
+    # --- machines ---------------------------------------------------------------------------
+
+    def add_machine(self, machine: Machine, *, new: bool) -> None:
+        self.machines[machine.machine_id] = machine
+        self.machine_changed(machine)
+        if new:
+            self.changes.new_machines.add(machine.machine_id)
+            self.save_machine(machine)
+            self.touch(machine)
+
+    def machine_changed(self, machine: Machine) -> None:
+        """Its inventory, liveness or settling changed: re-file it and recheck the queue."""
+        machine.gpus_by_class = gpus_by_class(machine.inventory, self.catalog)
+        self.index.update(machine)
+        self._ever_fits.clear()
+        self.changes.capacity_freed = True
+
+    def save_machine(self, machine: Machine) -> None:
+        self.changes.machines[machine.machine_id] = machine
+
+    def touch(self, machine: Machine) -> int:
+        """Raise the machine's generation, once per cycle; returns the generation."""
+        if machine.machine_id not in self.changes.desired:
+            machine.generation += 1
+            self.changes.desired.add(machine.machine_id)
+            self.save_machine(machine)
+        return machine.generation
+
+    def raise_generation_above(self, machine: Machine, seen: int) -> None:
+        """The bus has a generation the store lacks (a restored store): go past it."""
+        if seen >= machine.generation:
+            machine.generation = seen
+            self.changes.desired.discard(machine.machine_id)
+            self.touch(machine)
+
+    def set_row(self, machine: Machine, row: Row) -> None:
+        row.since_generation = self.touch(machine)
+        machine.rows[row.workload_id] = row
+        self.changes.rows[(machine.machine_id, row.workload_id)] = row
+        self.index.update(machine)
+
+    def drop_row(self, machine: Machine, workload_id: str) -> None:
+        if machine.rows.pop(workload_id, None) is None:
+            return
+        self.touch(machine)
+        self.changes.rows[(machine.machine_id, workload_id)] = None
+        self.index.update(machine)
+        self.changes.capacity_freed = True
+
+    def release(self, machine: Machine, row: Row, target: Target) -> None:
+        """Give the row's devices, cores and memory back; the row stays, with `target`."""
+        freed = row.holds_resources
+        row.release()
+        row.target = target
+        self.set_row(machine, row)
+        if freed:
+            self.changes.capacity_freed = True
+
+    def ever_fits(self, demand: Demand) -> bool:
+        if demand not in self._ever_fits:
+            self._ever_fits[demand] = could_ever_fit(self.machines.values(), demand)
+        return self._ever_fits[demand]
+
+    # --- workloads --------------------------------------------------------------------------
+
+    def add_workload(self, workload: Workload) -> None:
+        self.workloads[workload.workload_id] = workload
+        self.changes.new_workloads.add(workload.workload_id)
+        self.save_workload(workload)
+
+    def save_workload(self, workload: Workload) -> None:
+        self.changes.workloads[workload.workload_id] = workload
+
+    def demand_of(self, workload: Workload) -> Demand | None:
+        machine_class = self.catalog.get(workload.class_name)
+        if machine_class is None:
+            return None
+        return Demand.of(machine_class, workload.count)
+
+    def row_of(self, workload: Workload) -> tuple[Machine, Row] | None:
+        """The row on the machine the workload is on, if it has one."""
+        if workload.machine_id is None:
+            return None
+        machine = self.machines.get(workload.machine_id)
+        if machine is None:
+            return None
+        row = machine.rows.get(workload.workload_id)
+        return None if row is None else (machine, row)
+
+    @staticmethod
+    def new_access_token() -> str:
+        return secrets.token_urlsafe(32)
+
+    # --- queue ------------------------------------------------------------------------------
+
+    def enqueue(self, workload: Workload, pool: str) -> None:
+        queue = self.queue.setdefault(pool, [])
+        bisect.insort(queue, workload, key=lambda w: w.queue_key)
+
+    def dequeue(self, workload: Workload) -> None:
+        for pool, queue in self.queue.items():
+            if workload in queue:
+                queue.remove(workload)
+                if not queue:
+                    del self.queue[pool]
+                return
+
+    def queued_ahead(self, workload: Workload, pool: str) -> int:
+        queue = self.queue.get(pool, [])
+        return queue.index(workload) if workload in queue else 0
+
+    # --- timeline and routes ----------------------------------------------------------------
+
+    def transition(
+        self,
+        workload: Workload,
+        state: WorkloadState,
+        reason: str,
+        placement: Placement | None = None,
+    ) -> None:
+        workload.state = state
+        workload.reason = reason
+        self._emit(workload, EventKind.transition, reason, placement)
+
+    def note(self, workload: Workload, reason: str) -> None:
+        self._emit(workload, EventKind.note, reason, None)
+
+    def _emit(
+        self, workload: Workload, kind: EventKind, reason: str, placement: Placement | None
+    ) -> None:
+        workload.seq += 1
+        event = WorkloadEvent(
+            event_id=f"{workload.workload_id}-{workload.seq}",
+            workload_id=workload.workload_id,
+            tenant_id=workload.tenant_id,
+            kind=kind,
+            state=workload.state,
+            reason=reason,
+            seq=workload.seq,
+            at=utcnow(),
+            placement=placement,
+            request_id=workload.request_id,
+        )
+        self.changes.events.append(
+            OutboxEvent(event, workload.request_id or f"scheduler-{self.region}")
+        )
+        self.save_workload(workload)
+
+    def set_route(self, workload: Workload, machine: Machine, endpoint: Endpoint) -> None:
+        self.routes[workload.workload_id] = endpoint
+        self.changes.routes[workload.workload_id] = Route(
+            workload_id=workload.workload_id,
+            tenant_id=workload.tenant_id,
+            kind=workload.kind,
+            machine_id=machine.machine_id,
+            host=endpoint.host,
+            port=endpoint.port,
+            token=workload.access_token,
+        )
+
+    def drop_route(self, workload: Workload) -> None:
+        self.routes.pop(workload.workload_id, None)
+        self.changes.routes[workload.workload_id] = None
+
+    def rows_on(self, machine: Machine) -> Iterator[tuple[Row, Workload | None]]:
+        for row in list(machine.rows.values()):
+            yield row, self.workloads.get(row.workload_id)

@@ -1,0 +1,171 @@
+"""Free capacity: what a workload's class asks of a machine, what fits, and the best fit.
+
+A GPU class asks for `count` whole devices of that model and memory (never shared); a CPU class
+asks for `cpus * count` cores and `memory_mib * count` MiB. GPU workloads book only their
+devices. The rule that chooses among fitting machines is best fit (ADR-0003): the machine left
+with the fewest free devices of the class (or the fewest free cores), so whole machines stay
+free for large requests.
+
+`CapacityIndex` keeps placeable machines bucketed by free capacity, so a placement among a
+thousand machines looks at a handful of them, not all.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from einsora.common.catalog import Accelerator, Catalog, MachineClass
+from einsora.common.schemas import GpuHealth, Inventory
+from einsora.scheduler.model import Machine
+
+CPU_POOL = "cpu"
+"""Every CPU class draws on the same cores and memory, so they queue together."""
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What one workload asks of one machine."""
+
+    class_name: str
+    count: int
+    gpu: bool
+    cpus: float = 0.0
+    memory_mib: int = 0
+
+    @classmethod
+    def of(cls, machine_class: MachineClass, count: int) -> Demand:
+        if machine_class.accelerator is Accelerator.cpu:
+            return cls(
+                machine_class.name,
+                count,
+                gpu=False,
+                cpus=machine_class.cpus * count,
+                memory_mib=machine_class.memory_mib * count,
+            )
+        return cls(machine_class.name, count, gpu=True)
+
+    @property
+    def pool(self) -> str:
+        """Workloads of one pool compete for the same resources and queue together."""
+        return self.class_name if self.gpu else CPU_POOL
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What a machine gives a workload: devices by uuid, or cores and memory."""
+
+    machine_id: str
+    gpus: tuple[str, ...] = ()
+    cpus: float = 0.0
+    memory_mib: int = 0
+
+
+def gpus_by_class(inventory: Inventory, catalog: Catalog) -> dict[str, list[str]]:
+    """A machine's healthy GPUs by catalog class, in device order; unknown models are skipped."""
+    found: dict[str, list[tuple[int, str]]] = {}
+    for gpu in inventory.gpus:
+        if gpu.health is not GpuHealth.ok:
+            continue
+        machine_class = catalog.class_for_gpu(gpu.model, gpu.memory_mib)
+        if machine_class is not None:
+            found.setdefault(machine_class.name, []).append((gpu.index, gpu.uuid))
+    return {name: [uuid for _, uuid in sorted(devices)] for name, devices in found.items()}
+
+
+def free_gpus(machine: Machine, class_name: str) -> list[str]:
+    booked = machine.booked_gpus()
+    return [uuid for uuid in machine.gpus_by_class.get(class_name, []) if uuid not in booked]
+
+
+def free_cpus(machine: Machine) -> float:
+    return machine.inventory.cpus - machine.used_cpus()
+
+
+def free_memory_mib(machine: Machine) -> int:
+    return machine.inventory.memory_mib - machine.used_memory_mib()
+
+
+def fit(machine: Machine, demand: Demand) -> Grant | None:
+    """What `machine` would give `demand` now, or None when it does not fit."""
+    if demand.gpu:
+        free = free_gpus(machine, demand.class_name)
+        if len(free) < demand.count:
+            return None
+        return Grant(machine.machine_id, gpus=tuple(free[: demand.count]))
+    if free_cpus(machine) < demand.cpus or free_memory_mib(machine) < demand.memory_mib:
+        return None
+    return Grant(machine.machine_id, cpus=demand.cpus, memory_mib=demand.memory_mib)
+
+
+def could_ever_fit(machines: Iterable[Machine], demand: Demand) -> bool:
+    """Whether some machine of the region, emptied, would hold `demand`."""
+    for machine in machines:
+        if demand.gpu:
+            if len(machine.gpus_by_class.get(demand.class_name, [])) >= demand.count:
+                return True
+        elif (
+            machine.inventory.cpus >= demand.cpus
+            and machine.inventory.memory_mib >= demand.memory_mib
+        ):
+            return True
+    return False
+
+
+class CapacityIndex:
+    """Placeable machines by free capacity, for best-fit lookups in a few steps."""
+
+    def __init__(self) -> None:
+        # class -> free device count -> machine ids (a dict as an ordered set)
+        self._gpu: dict[str, dict[int, dict[str, None]]] = {}
+        self._gpu_at: dict[str, dict[str, int]] = {}
+        # (free cores, free MiB, machine id), sorted
+        self._cpu: list[tuple[float, int, str]] = []
+        self._cpu_at: dict[str, tuple[float, int, str]] = {}
+
+    def update(self, machine: Machine) -> None:
+        """Re-file `machine` after its rows, inventory or liveness changed."""
+        self.remove(machine.machine_id)
+        if not machine.placeable:
+            return
+        booked = machine.booked_gpus()
+        at: dict[str, int] = {}
+        for class_name, uuids in machine.gpus_by_class.items():
+            free = sum(1 for uuid in uuids if uuid not in booked)
+            at[class_name] = free
+            buckets = self._gpu.setdefault(class_name, {})
+            buckets.setdefault(free, {})[machine.machine_id] = None
+        self._gpu_at[machine.machine_id] = at
+        entry = (free_cpus(machine), free_memory_mib(machine), machine.machine_id)
+        bisect.insort(self._cpu, entry)
+        self._cpu_at[machine.machine_id] = entry
+
+    def remove(self, machine_id: str) -> None:
+        for class_name, free in self._gpu_at.pop(machine_id, {}).items():
+            buckets = self._gpu[class_name]
+            bucket = buckets[free]
+            del bucket[machine_id]
+            if not bucket:
+                del buckets[free]
+        entry = self._cpu_at.pop(machine_id, None)
+        if entry is not None:
+            i = bisect.bisect_left(self._cpu, entry)
+            del self._cpu[i]
+
+    def best_fit(self, demand: Demand) -> str | None:
+        """The placeable machine that `demand` fits most tightly, or None."""
+        if demand.gpu:
+            buckets = self._gpu.get(demand.class_name, {})
+            for free in sorted(buckets):
+                if free >= demand.count:
+                    return next(iter(buckets[free]))
+            return None
+        i = bisect.bisect_left(self._cpu, (demand.cpus, -1, ""))
+        for cpus, memory_mib, machine_id in self._cpu[i:]:
+            if cpus >= demand.cpus and memory_mib >= demand.memory_mib:
+                return machine_id
+        return None
+
+    def free_devices(self, machine_id: str, class_name: str) -> int:
+        return self._gpu_at.get(machine_id, {}).get(class_name, 0)

@@ -1,0 +1,94 @@
+"""`einsora scheduler --nats URL --region local`: run one region's scheduler until stopped.
+
+Flags override `EINSORA_*` settings; SIGINT or SIGTERM stop it cleanly. A SIGKILL is safe too:
+the next start picks up where the store says it was (ADR-0004).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from einsora.common import logs
+from einsora.common.errors import ConfigError
+from einsora.common.settings import Settings
+from einsora.scheduler.service import SchedulerService
+
+log = logging.getLogger("einsora.scheduler")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "scheduler",
+        help="run the scheduler of one region",
+        description="Admit, place and queue the workloads of one region, and reconcile its "
+        "machines. Flags override the EINSORA_* settings.",
+    )
+    parser.add_argument("--nats", metavar="URL", help="NATS server (EINSORA_NATS_URL)")
+    parser.add_argument("--region", help="the region to serve (EINSORA_REGION; default local)")
+    parser.add_argument(
+        "--database-url",
+        metavar="URL",
+        help="the scheduler's store (EINSORA_DATABASE_URL; default SQLite in the data dir)",
+    )
+    parser.add_argument("--data-dir", type=Path, help="EINSORA_DATA_DIR")
+    parser.add_argument(
+        "--suspect-after",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="a machine silent this long is suspect (default 30)",
+    )
+    parser.add_argument(
+        "--lost-after",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="a machine silent this long is lost and its workloads fail (default 120)",
+    )
+    parser.add_argument("--log-level", help="EINSORA_LOG_LEVEL (default INFO)")
+    parser.add_argument("--log-format", choices=["json", "text"], help="EINSORA_LOG_FORMAT")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides: dict[str, Any] = {
+        key: value
+        for key, value in {
+            "nats_url": args.nats,
+            "region": args.region,
+            "database_url": args.database_url,
+            "data_dir": args.data_dir,
+            "log_level": args.log_level,
+            "log_format": args.log_format,
+        }.items()
+        if value is not None
+    }
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid setting: {exc}") from exc
+    logs.configure(settings.log_level, settings.log_format)
+    service = SchedulerService(
+        settings, suspect_after_s=args.suspect_after, lost_after_s=args.lost_after
+    )
+    return asyncio.run(serve(service))
+
+
+async def serve(service: SchedulerService) -> int:
+    """Start, wait for SIGINT or SIGTERM, stop."""
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    await service.start()
+    await stopping.wait()
+    log.info("scheduler stopping")
+    await service.stop()
+    return 0

@@ -1,0 +1,329 @@
+"""The engine: one loop that owns the book, and the order in which its decisions leave it.
+
+Inputs (batches of intents, keys of the `machines` bucket, liveness ticks) wait in one queue.
+Each cycle takes everything waiting, decides, and then, in this order (ADR-0004):
+1. commits every decision of the cycle to the store in one transaction;
+2. writes each affected machine's complete desired state once;
+3. publishes the cycle's events (`Nats-Msg-Id` = `<workload>-<seq>`), and writes routes;
+4. only then lets the consumer ack the cycle's intents.
+A crash between any two steps is harmless: the intent comes back and is recognised by its id,
+and start-up rewrites whatever the store has that the bus may lack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+from einsora.common.catalog import Catalog
+from einsora.common.errors import EinsoraError
+from einsora.common.schemas import Inventory, ObservedState, WorkloadIntent, WorkloadState, utcnow
+from einsora.scheduler.admission import admit_queued
+from einsora.scheduler.book import Book
+from einsora.scheduler.intents import apply_intent
+from einsora.scheduler.model import Liveness
+from einsora.scheduler.observe import apply_inventory, apply_observed, check_liveness
+from einsora.scheduler.projection import Projector
+from einsora.scheduler.store import SchedulerStore, Snapshot
+from einsora.scheduler.watch import MachineKey
+
+log = logging.getLogger("einsora.scheduler.engine")
+
+
+class CycleFailed(EinsoraError):
+    """The cycle's decisions did not all reach the store and the bus yet; retry the intents."""
+
+    code = "scheduler_busy"
+    retryable = True
+
+
+@dataclass
+class _Intents:
+    intents: list[tuple[WorkloadIntent, str | None]]
+    done: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+@dataclass
+class _Snapshot:
+    keys: list[MachineKey]
+    done: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+@dataclass
+class _Tick:
+    pass
+
+
+_Input = _Intents | _Snapshot | MachineKey | _Tick
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How silence is judged and how often the engine looks."""
+
+    suspect_after_s: float = 30.0
+    lost_after_s: float = 120.0
+    tick_s: float = 1.0
+
+
+class Engine:
+    """The single owner of the book."""
+
+    def __init__(
+        self,
+        region: str,
+        catalog: Catalog,
+        store: SchedulerStore,
+        projector: Projector,
+        timing: Timing,
+        *,
+        max_inputs_per_cycle: int = 4096,
+    ) -> None:
+        self.region = region
+        self.catalog = catalog
+        self.store = store
+        self.projector = projector
+        self.timing = timing
+        self.book = Book(region, catalog)
+        self._queue: asyncio.Queue[_Input] = asyncio.Queue()
+        self._max_inputs = max_inputs_per_cycle
+        self._latest: dict[tuple[str, str], MachineKey] = {}
+        self._failures = 0
+        self._task: asyncio.Task[None] | None = None
+        self._ticker: asyncio.Task[None] | None = None
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Rebuild the book from the store (at start, and after a failed commit)."""
+        snapshot = await self.store.load(self.region)
+        self.book = _book_from(snapshot, self.region, self.catalog, time.monotonic())
+        self.projector.events = list(snapshot.outbox)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"scheduler engine {self.region}")
+        self._ticker = asyncio.create_task(self._tick_loop(), name="scheduler ticks")
+
+    async def stop(self) -> None:
+        for task in (self._ticker, self._task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._ticker = None
+
+    # --- inputs -----------------------------------------------------------------------------
+
+    async def submit_intents(self, intents: list[tuple[WorkloadIntent, str | None]]) -> None:
+        """Returns once the intents' decisions are in the store and on the bus."""
+        item = _Intents(intents)
+        self._queue.put_nowait(item)
+        await item.done
+
+    async def submit_snapshot(self, keys: list[MachineKey]) -> None:
+        item = _Snapshot(keys)
+        self._queue.put_nowait(item)
+        await item.done
+
+    def submit_key(self, key: MachineKey) -> None:
+        self._queue.put_nowait(key)
+
+    async def clean_routes(self, route_keys: list[str]) -> None:
+        """Delete the routes of workloads of this scheduler that no longer run (at start)."""
+        unknown = [k for k in route_keys if k not in self.book.workloads]
+        stored = await self.store.states_of(unknown) if unknown else {}
+        for key in route_keys:
+            workload = self.book.workloads.get(key)
+            state = workload.state if workload is not None else stored.get(key)
+            if state is not None and state is not WorkloadState.running:
+                self.projector.routes.setdefault(key, None)
+        self._queue.put_nowait(_Tick())
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.timing.tick_s)
+            self._queue.put_nowait(_Tick())
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            items = [await self._queue.get()]
+            while len(items) < self._max_inputs and not self._queue.empty():
+                items.append(self._queue.get_nowait())
+            waiting = [i.done for i in items if isinstance(i, _Intents | _Snapshot)]
+            try:
+                await self._cycle(items)
+            except Exception as exc:
+                log.warning("cycle failed; its intents will be retried", extra={"error": repr(exc)})
+                for future in waiting:
+                    if not future.done():
+                        future.set_exception(CycleFailed(f"not yet recorded: {exc!r}"))
+                continue
+            for future in waiting:
+                if not future.done():
+                    future.set_result(None)
+
+    async def _cycle(self, items: list[_Input]) -> None:
+        changes = self.book.begin()
+        intents = [pair for i in items if isinstance(i, _Intents) for pair in i.intents]
+        fresh = await self._fresh(intents) if intents else []
+        try:
+            self._decide(items, fresh)
+        except Exception:
+            log.exception("a decision failed; rebuilding the book from the store")
+            await self._rebuild()
+            raise
+        published = list(self.projector.published)
+        if changes.to_store or published:
+            try:
+                await self.store.commit(changes, published)
+            except Exception:
+                log.exception("store commit failed; rebuilding the book from the store")
+                await self._rebuild()
+                raise
+            del self.projector.published[: len(published)]
+        self._failures = 0
+        self.projector.take(changes)
+        if self.projector.pending:
+            await self.projector.flush(self.book)
+
+    def _decide(self, items: list[_Input], fresh: list[tuple[WorkloadIntent, str | None]]) -> None:
+        changes = self.book.changes
+        now = time.monotonic()
+        for item in items:
+            if isinstance(item, MachineKey):
+                self._apply_key(item, now, live=True)
+            elif isinstance(item, _Snapshot):
+                self._apply_snapshot(item.keys, now)
+            elif isinstance(item, _Tick):
+                check_liveness(
+                    self.book, now, self.timing.suspect_after_s, self.timing.lost_after_s
+                )
+        for intent, request_id in fresh:
+            apply_intent(self.book, intent, request_id)
+        if changes.capacity_freed:
+            admit_queued(self.book)
+
+    async def _fresh(
+        self, intents: list[tuple[WorkloadIntent, str | None]]
+    ) -> list[tuple[WorkloadIntent, str | None]]:
+        """Drop intents processed before (a redelivery) and creates of forgotten workloads."""
+        seen = await self.store.seen_intents([i.intent_id for i, _ in intents])
+        unknown = [i.workload_id for i, _ in intents if i.workload_id not in self.book.workloads]
+        known = await self.store.states_of(unknown) if unknown else {}
+        fresh = []
+        for intent, request_id in intents:
+            if intent.intent_id in seen or intent.workload_id in known:
+                continue  # processed before, or about a workload long removed
+            seen.add(intent.intent_id)
+            fresh.append((intent, request_id))
+        return fresh
+
+    async def _rebuild(self) -> None:
+        """Back to what the store holds, then the machines' latest values again.
+
+        The values are replayed only a few times in a row, so a value that makes a decision
+        fail cannot keep the loop busy for ever.
+        """
+        await self.load()
+        self._failures += 1
+        if self._failures <= 3:
+            for key in self._latest.values():
+                self._queue.put_nowait(key)
+
+    # --- machine keys -----------------------------------------------------------------------
+
+    def _apply_snapshot(self, keys: list[MachineKey], now: float) -> None:
+        self.projector.written_revision.clear()
+        in_kv: dict[str, int | None] = {}
+        for key in sorted(keys, key=lambda k: k.kind != "inventory"):
+            if key.kind == "desired":
+                in_kv[key.machine_id] = None if key.deleted else _generation(key.value)
+            else:
+                self._apply_key(key, now, live=False)
+        for machine in self.book.machines.values():
+            seen = in_kv.get(machine.machine_id)
+            if seen is not None and seen > machine.generation:
+                self.book.raise_generation_above(machine, seen)
+            if seen != machine.generation:
+                self.projector.dirty.add(machine.machine_id)
+
+    def _apply_key(self, key: MachineKey, now: float, *, live: bool) -> None:
+        if key.kind == "desired":
+            self._desired_changed(key)
+            return
+        if key.deleted:
+            return
+        self._latest[(key.machine_id, key.kind)] = key
+        try:
+            if key.kind == "inventory":
+                inventory = Inventory.from_bytes(key.value)
+                if inventory.machine_id != key.machine_id:
+                    raise ValueError("the inventory names another machine than its key")
+                apply_inventory(self.book, inventory, now)
+            else:
+                observed = ObservedState.from_bytes(key.value)
+                if observed.machine_id != key.machine_id:
+                    raise ValueError("the observed state names another machine than its key")
+                age = 0.0 if live else (utcnow() - observed.heartbeat_at).total_seconds()
+                apply_observed(self.book, observed, now - max(0.0, age))
+        except (ValidationError, ValueError) as exc:
+            log.warning(
+                "unreadable machine value ignored",
+                extra={"machine_id": key.machine_id, "kind": key.kind, "error": str(exc)},
+            )
+
+    def _desired_changed(self, key: MachineKey) -> None:
+        machine = self.book.machines.get(key.machine_id)
+        if machine is None:
+            return
+        if key.revision <= self.projector.written_revision.get(key.machine_id, 0):
+            return  # our own write coming back, or an older one
+        seen = None if key.deleted else _generation(key.value)
+        if seen is not None and seen > machine.generation:
+            self.book.raise_generation_above(machine, seen)
+        if seen != machine.generation:
+            log.warning(
+                "a desired state in KV is missing or not ours; rewriting it from the store",
+                extra={"machine_id": machine.machine_id},
+            )
+            self.projector.dirty.add(machine.machine_id)
+
+
+def _generation(value: bytes) -> int | None:
+    try:
+        generation = json.loads(value)["generation"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return generation if isinstance(generation, int) else None
+
+
+def _book_from(snapshot: Snapshot, region: str, catalog: Catalog, now: float) -> Book:
+    book = Book(region, catalog)
+    for workload in snapshot.workloads:
+        book.workloads[workload.workload_id] = workload
+    for machine in snapshot.machines:
+        # A machine gets a full grace period after the scheduler starts, unless it was lost:
+        # only a report brings a lost machine back.
+        machine.last_seen = now if machine.liveness is not Liveness.lost else float("-inf")
+        machine.observed_generation = machine.generation
+        book.add_machine(machine, new=False)
+    for workload in snapshot.workloads:
+        if workload.state in (WorkloadState.pending, WorkloadState.queued):
+            demand = book.demand_of(workload)
+            if demand is not None:
+                workload.pending_since = workload.pending_since or workload.created_at
+                book.enqueue(workload, demand.pool)
+    book.begin()
+    return book

@@ -1,0 +1,136 @@
+"""What each intent does: create, park, resume, remove.
+
+Each function is a decision over the book; the engine has already dropped intents it has seen
+(by `intent_id`), so these run once per intent. An intent that makes no sense in the workload's
+state (park a parked workload, resume a running one) changes nothing and leaves a note saying
+so, rather than failing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from einsora.common.schemas import (
+    IntentAction,
+    Target,
+    WorkloadIntent,
+    WorkloadState,
+    utcnow,
+)
+from einsora.scheduler import reasons
+from einsora.scheduler.admission import admit
+from einsora.scheduler.book import Book, ProcessedIntent
+from einsora.scheduler.model import Liveness, Workload
+
+log = logging.getLogger("einsora.scheduler.intents")
+
+_ON_A_MACHINE = frozenset({WorkloadState.scheduled, WorkloadState.starting, WorkloadState.running})
+
+
+def apply_intent(book: Book, intent: WorkloadIntent, request_id: str | None) -> None:
+    """Apply one new intent and record it as processed."""
+    book.changes.intents.append(
+        ProcessedIntent(intent.intent_id, intent.workload_id, intent.action.value)
+    )
+    workload = book.workloads.get(intent.workload_id)
+    if intent.action is IntentAction.create:
+        if workload is not None:
+            log.warning(
+                "a second create for a known workload is ignored",
+                extra={"workload_id": intent.workload_id, "intent_id": intent.intent_id},
+            )
+            return
+        _create(book, intent, request_id)
+        return
+    if workload is None:
+        log.warning(
+            "intent for a workload this scheduler does not know is ignored",
+            extra={"workload_id": intent.workload_id, "action": intent.action.value},
+        )
+        return
+    workload.request_id = request_id or workload.request_id
+    if intent.action is IntentAction.park:
+        _park(book, workload)
+    elif intent.action is IntentAction.resume:
+        _resume(book, workload, intent)
+    else:
+        _remove(book, workload)
+
+
+def _create(book: Book, intent: WorkloadIntent, request_id: str | None) -> None:
+    workload = Workload(
+        workload_id=intent.workload_id,
+        tenant_id=intent.tenant_id,
+        region=book.region,
+        kind=intent.kind,
+        class_name=intent.class_name,
+        count=intent.count,
+        spec=dict(intent.spec),
+        state=WorkloadState.pending,
+        access_token=book.new_access_token(),
+        created_at=utcnow(),
+        pending_since=intent.at,
+        request_id=request_id,
+    )
+    book.add_workload(workload)
+    demand = book.demand_of(workload)
+    if demand is None:
+        book.transition(workload, WorkloadState.failed, reasons.unknown_class(intent.class_name))
+        return
+    admit(book, workload, demand)
+
+
+def _park(book: Book, workload: Workload) -> None:
+    state = workload.state
+    if state in (WorkloadState.pending, WorkloadState.queued):
+        book.dequeue(workload)
+        home = book.row_of(workload)
+        book.transition(
+            workload, WorkloadState.parked, reasons.parked(home[0].machine_id if home else None)
+        )
+        return
+    placed = book.row_of(workload)
+    if state in _ON_A_MACHINE and placed is not None:
+        machine, row = placed
+        row.target = Target.parked  # devices stay booked until the agent says it stopped
+        book.set_row(machine, row)
+        book.drop_route(workload)
+        book.transition(workload, WorkloadState.parking, reasons.parking(machine.machine_id))
+        return
+    book.note(workload, reasons.nothing_to_do("park", state.value))
+
+
+def _resume(book: Book, workload: Workload, intent: WorkloadIntent) -> None:
+    if workload.state not in (WorkloadState.parked, WorkloadState.failed):
+        book.note(workload, reasons.nothing_to_do("resume", workload.state.value))
+        return
+    demand = book.demand_of(workload)
+    if demand is None:
+        book.transition(workload, WorkloadState.failed, reasons.unknown_class(workload.class_name))
+        return
+    workload.state = WorkloadState.pending
+    workload.pending_since = intent.at
+    admit(book, workload, demand)
+
+
+def _remove(book: Book, workload: Workload) -> None:
+    state = workload.state
+    if state in (WorkloadState.removing, WorkloadState.removed):
+        book.note(workload, reasons.nothing_to_do("remove", state.value))
+        return
+    book.dequeue(workload)
+    placed = book.row_of(workload)
+    if placed is None:
+        book.transition(workload, WorkloadState.removed, reasons.removed(None))
+        return
+    machine, row = placed
+    book.drop_route(workload)
+    row.target = Target.removed  # devices stay booked until the agent says it stopped
+    book.set_row(machine, row)
+    if machine.liveness is Liveness.lost:
+        book.release(machine, row, Target.removed)
+        book.transition(
+            workload, WorkloadState.removed, reasons.removed_while_lost(machine.machine_id)
+        )
+        return
+    book.transition(workload, WorkloadState.removing, reasons.removing(machine.machine_id))

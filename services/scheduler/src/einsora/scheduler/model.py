@@ -1,0 +1,141 @@
+"""The scheduler's records, as plain data: machines, workloads, and the rows of desired state.
+
+These mirror the scheduler's tables one to one (`tables.py`); the store loads and saves them,
+and every decision (`admission`, `intents`, `observe`) is a function over them. Nothing here
+does I/O.
+
+A `Row` is one workload in one machine's desired state. A machine's desired value is exactly
+its rows at its generation, so the rows are the truth and the KV value only a projection. A
+workload has at most one row that runs it (on `Workload.machine_id`); a row left on another
+machine only cleans up a working directory there (target `removed`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from einsora.common.schemas import (
+    Inventory,
+    Resources,
+    Target,
+    WorkloadKind,
+    WorkloadState,
+)
+
+
+class Liveness(StrEnum):
+    """Whether a machine reports: alive, suspect (silent a while), lost (silent too long)."""
+
+    alive = "alive"
+    suspect = "suspect"
+    lost = "lost"
+
+
+ACTIVE_STATES = frozenset(
+    {
+        WorkloadState.scheduled,
+        WorkloadState.starting,
+        WorkloadState.running,
+        WorkloadState.parking,
+        WorkloadState.removing,
+    }
+)
+"""States in which a workload has (or is having) something done on a machine."""
+
+
+@dataclass
+class Row:
+    """One workload in one machine's desired state.
+
+    `since_generation` is the generation at which `target` was set: an observation from an
+    agent that has applied less than that is about an older wish and is not acted on.
+    """
+
+    workload_id: str
+    target: Target
+    gpus: list[str] = field(default_factory=list)
+    cpus: float = 0.0
+    memory_mib: int = 0
+    since_generation: int = 0
+
+    @property
+    def holds_resources(self) -> bool:
+        return bool(self.gpus) or self.cpus > 0 or self.memory_mib > 0
+
+    def resources(self) -> Resources:
+        return Resources(gpus=list(self.gpus), cpus=self.cpus, memory_mib=self.memory_mib)
+
+    def release(self) -> None:
+        self.gpus = []
+        self.cpus = 0.0
+        self.memory_mib = 0
+
+
+@dataclass(eq=False)
+class Machine:
+    """A machine of this region, as the scheduler knows it.
+
+    `generation` is the generation of its desired state in the store; `observed_generation`,
+    `last_seen` (monotonic seconds) and `settle_generation` live in memory only.
+    """
+
+    machine_id: str
+    region: str
+    inventory: Inventory
+    generation: int = 0
+    liveness: Liveness = Liveness.alive
+    rows: dict[str, Row] = field(default_factory=dict)
+    last_seen: float = 0.0
+    observed_generation: int = 0
+    settle_generation: int = 0
+    """After coming back, no new work lands here until it has applied this generation."""
+    gpus_by_class: dict[str, list[str]] = field(default_factory=dict)
+    """Healthy GPU uuids by catalog class, in device order (derived from the inventory)."""
+
+    @property
+    def placeable(self) -> bool:
+        return (
+            self.liveness is Liveness.alive and self.observed_generation >= self.settle_generation
+        )
+
+    def booked_gpus(self) -> set[str]:
+        return {uuid for row in self.rows.values() for uuid in row.gpus}
+
+    def used_cpus(self) -> float:
+        return sum(row.cpus for row in self.rows.values())
+
+    def used_memory_mib(self) -> int:
+        return sum(row.memory_mib for row in self.rows.values())
+
+
+@dataclass(eq=False)
+class Workload:
+    """A workload of this region and where the scheduler has put it.
+
+    `machine_id` is the machine that runs it, ran it, or holds its working directory (so a
+    resume can prefer it). `pending_since` orders the queue: oldest first.
+    """
+
+    workload_id: str
+    tenant_id: str
+    region: str
+    kind: WorkloadKind
+    class_name: str
+    count: int
+    spec: dict[str, Any]
+    state: WorkloadState
+    access_token: str
+    created_at: datetime
+    reason: str = ""
+    machine_id: str | None = None
+    seq: int = 0
+    pending_since: datetime | None = None
+    request_id: str | None = None
+
+    @property
+    def queue_key(self) -> tuple[datetime, str]:
+        assert self.pending_since is not None
+        return (self.pending_since, self.workload_id)

@@ -1,0 +1,228 @@
+"""What the machines say: inventories, observed states, and silence.
+
+An agent's observed state moves a workload scheduled → starting → running, to failed with the
+agent's reason, parking → parked and removing → removed. An observation counts for a row only
+once the agent has applied the generation at which that row's target was set, so a report about
+an older wish is never acted on.
+
+Silence is judged by time since the last report: suspect after `suspect_after_s` (a note on its
+workloads, no new work), lost after `lost_after_s` (its workloads fail with "machine lost" and
+their capacity is released). A machine that comes back is told, by its desired state, to stop
+what is no longer wanted, and takes new work once it has applied that.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from einsora.common.schemas import (
+    Inventory,
+    ObservedPhase,
+    ObservedState,
+    ObservedWorkload,
+    Target,
+    WorkloadState,
+)
+from einsora.scheduler import reasons
+from einsora.scheduler.book import Book
+from einsora.scheduler.model import Liveness, Machine, Row, Workload
+
+log = logging.getLogger("einsora.scheduler.observe")
+
+_BEFORE_RUNNING = frozenset({WorkloadState.scheduled, WorkloadState.starting})
+_CAN_FAIL = frozenset({WorkloadState.scheduled, WorkloadState.starting, WorkloadState.running})
+
+
+def apply_inventory(book: Book, inventory: Inventory, seen_at: float) -> Machine | None:
+    """A machine joined or its inventory changed; returns it, or None if not of this region."""
+    if inventory.region != book.region:
+        if inventory.machine_id in book.machines:
+            log.warning(
+                "a machine now reports another region; it keeps what it has here",
+                extra={"machine_id": inventory.machine_id, "region": inventory.region},
+            )
+        return None
+    machine = book.machines.get(inventory.machine_id)
+    if machine is None:
+        machine = Machine(
+            machine_id=inventory.machine_id,
+            region=inventory.region,
+            inventory=inventory,
+            last_seen=seen_at,
+        )
+        book.add_machine(machine, new=True)
+        return machine
+    heartbeat(book, machine, seen_at)
+    if _same(machine.inventory, inventory):
+        return machine
+    machine.inventory = inventory
+    book.save_machine(machine)
+    book.machine_changed(machine)
+    _stop_work_on_lost_devices(book, machine)
+    return machine
+
+
+def _same(a: Inventory, b: Inventory) -> bool:
+    return a.model_dump(exclude={"at"}) == b.model_dump(exclude={"at"})
+
+
+def _stop_work_on_lost_devices(book: Book, machine: Machine) -> None:
+    healthy = {uuid for uuids in machine.gpus_by_class.values() for uuid in uuids}
+    for row, workload in book.rows_on(machine):
+        gone = [uuid for uuid in row.gpus if uuid not in healthy]
+        if not gone:
+            continue
+        book.release(machine, row, Target.parked)
+        if workload is not None and workload.machine_id == machine.machine_id:
+            book.drop_route(workload)
+            if workload.state in _CAN_FAIL or workload.state is WorkloadState.parking:
+                book.transition(
+                    workload,
+                    WorkloadState.failed,
+                    reasons.device_gone(machine.machine_id, gone[0]),
+                )
+
+
+def apply_observed(book: Book, observed: ObservedState, seen_at: float) -> None:
+    """Move each of the machine's workloads as far as its report allows."""
+    machine = book.machines.get(observed.machine_id)
+    if machine is None:
+        return
+    heartbeat(book, machine, seen_at)
+    was_placeable = machine.placeable
+    machine.observed_generation = observed.generation_applied
+    if observed.generation_applied > machine.generation:
+        # Only a restored store lags what the agent applied; go past it so the agent listens.
+        book.raise_generation_above(machine, observed.generation_applied)
+    if machine.placeable != was_placeable:
+        book.machine_changed(machine)
+    reported = {w.workload_id: w for w in observed.workloads}
+    for row, workload in book.rows_on(machine):
+        if observed.generation_applied < row.since_generation:
+            continue
+        _observe_row(book, machine, row, workload, reported.get(row.workload_id))
+
+
+def _observe_row(
+    book: Book,
+    machine: Machine,
+    row: Row,
+    workload: Workload | None,
+    seen: ObservedWorkload | None,
+) -> None:
+    here = workload is not None and workload.machine_id == machine.machine_id
+    if row.target is Target.removed:
+        if seen is None or seen.phase is ObservedPhase.removed:
+            book.drop_row(machine, row.workload_id)
+            if here and workload is not None and workload.state is WorkloadState.removing:
+                book.transition(
+                    workload, WorkloadState.removed, reasons.removed(machine.machine_id)
+                )
+        return
+    if not here or workload is None:
+        return
+    if row.target is Target.parked:
+        if workload.state is WorkloadState.parking and (
+            seen is None or seen.phase in (ObservedPhase.parked, ObservedPhase.failed)
+        ):
+            book.release(machine, row, Target.parked)
+            book.transition(workload, WorkloadState.parked, reasons.parked(machine.machine_id))
+        return
+    if seen is None:
+        return
+    if seen.phase is ObservedPhase.failed and workload.state in _CAN_FAIL:
+        book.release(machine, row, Target.parked)
+        book.drop_route(workload)
+        book.transition(
+            workload, WorkloadState.failed, reasons.failed(machine.machine_id, seen.reason)
+        )
+    elif seen.phase is ObservedPhase.starting and workload.state is WorkloadState.scheduled:
+        book.transition(workload, WorkloadState.starting, reasons.starting(machine.machine_id))
+    elif seen.phase is ObservedPhase.running and workload.state in _BEFORE_RUNNING:
+        book.transition(workload, WorkloadState.running, reasons.running(machine.machine_id))
+        if seen.endpoint is not None:
+            book.set_route(workload, machine, seen.endpoint)
+    elif (
+        seen.phase is ObservedPhase.running
+        and workload.state is WorkloadState.running
+        and seen.endpoint is not None
+        and book.routes.get(workload.workload_id) != seen.endpoint
+    ):
+        book.set_route(workload, machine, seen.endpoint)
+
+
+def heartbeat(book: Book, machine: Machine, seen_at: float) -> None:
+    machine.last_seen = max(machine.last_seen, seen_at)
+
+
+def next_liveness(
+    current: Liveness, silent_s: float, suspect_after_s: float, lost_after_s: float
+) -> Liveness:
+    """Alive while it reports; suspect when silent a while; lost when silent too long.
+
+    A lost machine stays lost until it reports again.
+    """
+    if silent_s < suspect_after_s:
+        return Liveness.alive
+    if current is Liveness.lost or silent_s >= lost_after_s:
+        return Liveness.lost
+    return Liveness.suspect
+
+
+def check_liveness(book: Book, now: float, suspect_after_s: float, lost_after_s: float) -> None:
+    """Judge every machine's silence at `now` (monotonic seconds)."""
+    for machine in book.machines.values():
+        silent = now - machine.last_seen
+        new = next_liveness(machine.liveness, silent, suspect_after_s, lost_after_s)
+        if new is not machine.liveness:
+            _change_liveness(book, machine, new, silent, lost_after_s)
+
+
+def _change_liveness(
+    book: Book, machine: Machine, new: Liveness, silent_s: float, lost_after_s: float
+) -> None:
+    old, machine.liveness = machine.liveness, new
+    log.info(
+        "machine liveness changed",
+        extra={"machine_id": machine.machine_id, "from": old.value, "to": new.value},
+    )
+    book.save_machine(machine)
+    mine = [
+        (row, w)
+        for row, w in book.rows_on(machine)
+        if w is not None and w.machine_id == machine.machine_id
+    ]
+    if new is Liveness.suspect:
+        for _, workload in mine:
+            if workload.state in _CAN_FAIL or workload.state is WorkloadState.parking:
+                book.note(workload, reasons.suspect(machine.machine_id, silent_s, lost_after_s))
+    elif new is Liveness.lost:
+        _lose(book, machine, mine, silent_s)
+    elif old is Liveness.suspect:
+        for _, workload in mine:
+            if workload.state in _CAN_FAIL or workload.state is WorkloadState.parking:
+                book.note(workload, reasons.reports_again(machine.machine_id))
+    else:
+        machine.settle_generation = machine.generation
+        for row, workload in mine:
+            if workload.state is WorkloadState.failed and row.target is Target.parked:
+                book.note(workload, reasons.machine_back(machine.machine_id))
+    book.machine_changed(machine)
+
+
+def _lose(book: Book, machine: Machine, mine: list[tuple[Row, Workload]], silent_s: float) -> None:
+    for row, workload in mine:
+        if workload.state in _CAN_FAIL or workload.state is WorkloadState.parking:
+            book.release(machine, row, Target.parked)
+            book.drop_route(workload)
+            book.transition(
+                workload, WorkloadState.failed, reasons.lost(machine.machine_id, silent_s)
+            )
+        elif workload.state is WorkloadState.removing:
+            book.release(machine, row, Target.removed)
+            book.transition(
+                workload, WorkloadState.removed, reasons.removed_while_lost(machine.machine_id)
+            )
+    for row, _ in book.rows_on(machine):
+        if row.holds_resources:
+            book.release(machine, row, row.target)

@@ -1,0 +1,144 @@
+"""The sentences of the timeline: every reason the scheduler gives, in words a person reads.
+
+A reason says what happened and, when the workload waits, what would change that. Reasons are
+built here only, so their wording stays consistent and is easy to review.
+"""
+
+from __future__ import annotations
+
+from einsora.scheduler.capacity import Demand
+
+MACHINE_LOST = "machine lost"
+"""Every failure because a machine stopped reporting starts with these words."""
+
+
+def _gib(mib: float) -> str:
+    return f"{mib / 1024:g} GiB"
+
+
+def _what(demand: Demand) -> str:
+    if demand.gpu:
+        return f"{demand.count} {demand.class_name}"
+    return (
+        f"{demand.cpus:g} cores and {_gib(demand.memory_mib)} ({demand.count} {demand.class_name})"
+    )
+
+
+def placed(machine_id: str, free_before: str, total: str) -> str:
+    return f"placed on {machine_id} (best fit: {free_before} of {total} free)"
+
+
+def placed_on_disk_machine(machine_id: str) -> str:
+    return f"placed on {machine_id}, which holds its working directory"
+
+
+def moved_from_disk_machine(machine_id: str, old_machine_id: str, why: str) -> str:
+    return (
+        f"placed on {machine_id}; {old_machine_id}, which held its working directory, {why}, "
+        f"so it starts with a fresh one and the old one is deleted"
+    )
+
+
+def queued(region: str, demand: Demand, ahead: int) -> str:
+    waiting = {0: "none ahead", 1: "1 workload ahead"}.get(ahead, f"{ahead} workloads ahead")
+    return (
+        f"no machine in region {region} has {_what(demand)} free; {waiting}; it starts as "
+        "soon as capacity frees (a workload parks, is removed or fails, or a machine joins)"
+    )
+
+
+def never_fits(region: str, demand: Demand, largest: int) -> str:
+    if demand.gpu and largest == 0:
+        return (
+            f"no machine in region {region} offers {demand.class_name}; it waits until a "
+            "machine with that class joins"
+        )
+    if demand.gpu:
+        return (
+            f"no machine in region {region} has {demand.count} {demand.class_name} at all "
+            f"(the largest has {largest}); it waits until such a machine joins, or launch it "
+            f"with a count of at most {largest}"
+        )
+    return (
+        f"no machine in region {region} has {_what(demand)} in total; it waits until a "
+        "larger machine joins, or launch it with a smaller class or count"
+    )
+
+
+def unknown_class(class_name: str) -> str:
+    return (
+        f"class {class_name} is not in the catalog, so it cannot be placed; launch it again "
+        "with a listed class"
+    )
+
+
+def starting(machine_id: str) -> str:
+    return f"{machine_id} is starting it"
+
+
+def running(machine_id: str) -> str:
+    return f"running on {machine_id}"
+
+
+def failed(machine_id: str, why: str) -> str:
+    return f"failed on {machine_id}: {why or 'the machine gave no reason'}"
+
+
+def parking(machine_id: str) -> str:
+    return f"parking on {machine_id} as asked; its devices are released once it has stopped"
+
+
+def parked(machine_id: str | None) -> str:
+    if machine_id is None:
+        return "parked as asked before it was placed; resume it to queue it again"
+    return f"parked on {machine_id}; its working directory is kept there and its devices are free"
+
+
+def removing(machine_id: str) -> str:
+    return f"removing from {machine_id} as asked; its working directory is deleted"
+
+
+def removed(machine_id: str | None) -> str:
+    if machine_id is None:
+        return "removed as asked"
+    return f"removed from {machine_id}; its working directory is deleted"
+
+
+def removed_while_lost(machine_id: str) -> str:
+    return (
+        f"removed as asked; {machine_id} is not reporting, so its working directory there is "
+        "deleted when the machine returns"
+    )
+
+
+def nothing_to_do(action: str, state: str) -> str:
+    return f"nothing to {action}: the workload is {state}"
+
+
+def suspect(machine_id: str, silent_s: float, lost_after_s: float) -> str:
+    return (
+        f"{machine_id} has not reported for {silent_s:.0f} s; if it stays silent for "
+        f"{lost_after_s:.0f} s its workloads fail and their devices are released"
+    )
+
+
+def reports_again(machine_id: str) -> str:
+    return f"{machine_id} reports again"
+
+
+def lost(machine_id: str, silent_s: float) -> str:
+    return (
+        f"{MACHINE_LOST}: {machine_id} has not reported for {silent_s:.0f} s; its devices are "
+        "released; resume it to place it again"
+    )
+
+
+def machine_back(machine_id: str) -> str:
+    return f"{machine_id} is back; it is told to stop what it still runs for this workload"
+
+
+def device_gone(machine_id: str, uuid: str) -> str:
+    return (
+        f"GPU {uuid} on {machine_id} is quarantined or gone, so the workload using it was "
+        "stopped; resume it to place it again"
+    )

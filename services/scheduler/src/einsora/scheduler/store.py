@@ -1,0 +1,327 @@
+"""The scheduler's store: load the book at start, and commit each cycle's changes at once.
+
+One transaction per cycle holds everything the cycle decided: machines (generation, liveness,
+inventory), workloads, desired rows, GPU bookings, the intents it processed and the events it
+will publish (the outbox). It commits before anything reaches the bus (ADR-0004), so whatever
+the bus shows, the store has; and after a crash the store alone rebuilds the rest.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from einsora.common.schemas import (
+    Inventory,
+    Target,
+    WorkloadEvent,
+    WorkloadKind,
+    WorkloadState,
+    utcnow,
+)
+from einsora.scheduler import tables as t
+from einsora.scheduler.book import Changes, OutboxEvent
+from einsora.scheduler.model import Liveness, Machine, Row, Workload
+from einsora.store import create_engine, upgrade
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+VERSION_TABLE = "alembic_version_scheduler"
+
+
+@dataclass
+class Snapshot:
+    """Everything the book is rebuilt from."""
+
+    machines: list[Machine]
+    workloads: list[Workload]
+    outbox: list[OutboxEvent]
+
+
+class SchedulerStore:
+    """The scheduler's tables behind an async engine (SQLite or Postgres)."""
+
+    def __init__(self, url: str) -> None:
+        self.engine = create_engine(url)
+
+    async def migrate(self) -> None:
+        await upgrade(self.engine, MIGRATIONS, version_table=VERSION_TABLE)
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    # --- reading ----------------------------------------------------------------------------
+
+    async def load(self, region: str) -> Snapshot:
+        async with self.engine.connect() as conn:
+            machines = {
+                r.machine_id: _machine(r)
+                for r in await conn.execute(
+                    sa.select(t.machines).where(t.machines.c.region == region)
+                )
+            }
+            rows = await conn.execute(
+                sa.select(t.desired_rows).where(
+                    t.desired_rows.c.machine_id.in_(
+                        sa.select(t.machines.c.machine_id).where(t.machines.c.region == region)
+                    )
+                )
+            )
+            for r in rows:
+                machines[r.machine_id].rows[r.workload_id] = _row(r)
+            active = await conn.execute(
+                sa.select(t.workloads).where(
+                    t.workloads.c.region == region,
+                    t.workloads.c.state != WorkloadState.removed.value,
+                )
+            )
+            workloads = {r.workload_id: _workload(r) for r in active}
+            referenced = {w for m in machines.values() for w in m.rows} - workloads.keys()
+            for chunk in _chunks(sorted(referenced)):
+                for r in await conn.execute(
+                    sa.select(t.workloads).where(t.workloads.c.workload_id.in_(chunk))
+                ):
+                    workloads[r.workload_id] = _workload(r)
+            outbox = [
+                OutboxEvent(WorkloadEvent.from_bytes(r.payload), r.request_id)
+                for r in await conn.execute(
+                    sa.select(t.outbox).order_by(t.outbox.c.workload_id, t.outbox.c.seq)
+                )
+            ]
+        return Snapshot(list(machines.values()), list(workloads.values()), outbox)
+
+    async def seen_intents(self, intent_ids: Sequence[str]) -> set[str]:
+        """Which of these intents were processed already."""
+        seen: set[str] = set()
+        async with self.engine.connect() as conn:
+            for chunk in _chunks(intent_ids):
+                result = await conn.execute(
+                    sa.select(t.processed_intents.c.intent_id).where(
+                        t.processed_intents.c.intent_id.in_(chunk)
+                    )
+                )
+                seen.update(result.scalars())
+        return seen
+
+    async def states_of(self, workload_ids: Sequence[str]) -> dict[str, WorkloadState]:
+        """The state of each of these workloads that the store knows."""
+        found: dict[str, WorkloadState] = {}
+        async with self.engine.connect() as conn:
+            for chunk in _chunks(workload_ids):
+                result = await conn.execute(
+                    sa.select(t.workloads.c.workload_id, t.workloads.c.state).where(
+                        t.workloads.c.workload_id.in_(chunk)
+                    )
+                )
+                found.update({r.workload_id: WorkloadState(r.state) for r in result})
+        return found
+
+    # --- writing ----------------------------------------------------------------------------
+
+    async def commit(self, changes: Changes, published: Sequence[str]) -> None:
+        """Write one cycle's changes in one transaction; forget the outbox rows `published`."""
+        async with self.engine.begin() as conn:
+            await _save_machines(conn, changes)
+            await _save_workloads(conn, changes)
+            await _save_rows(conn, changes)
+            if changes.intents:
+                now = utcnow()
+                await conn.execute(
+                    t.processed_intents.insert(),
+                    [
+                        {
+                            "intent_id": i.intent_id,
+                            "workload_id": i.workload_id,
+                            "action": i.action,
+                            "processed_at": now,
+                        }
+                        for i in changes.intents
+                    ],
+                )
+            if changes.events:
+                await conn.execute(
+                    t.outbox.insert(),
+                    [
+                        {
+                            "event_id": e.event.event_id,
+                            "workload_id": e.event.workload_id,
+                            "seq": e.event.seq,
+                            "request_id": e.request_id,
+                            "payload": e.event.to_bytes().decode(),
+                        }
+                        for e in changes.events
+                    ],
+                )
+            if published:
+                await conn.execute(
+                    t.outbox.delete().where(t.outbox.c.event_id == sa.bindparam("b_id")),
+                    [{"b_id": event_id} for event_id in published],
+                )
+
+    async def forget_published(self, published: Sequence[str]) -> None:
+        if published:
+            await self.commit(Changes(), published)
+
+
+async def _save_machines(conn: AsyncConnection, changes: Changes) -> None:
+    new = [m for k, m in changes.machines.items() if k in changes.new_machines]
+    old = [m for k, m in changes.machines.items() if k not in changes.new_machines]
+    if new:
+        await conn.execute(t.machines.insert(), [_machine_values(m) for m in new])
+    if old:
+        await conn.execute(
+            t.machines.update()
+            .where(t.machines.c.machine_id == sa.bindparam("b_machine_id"))
+            .values(
+                inventory=sa.bindparam("b_inventory"),
+                generation=sa.bindparam("b_generation"),
+                liveness=sa.bindparam("b_liveness"),
+            ),
+            [{f"b_{k}": v for k, v in _machine_values(m).items()} for m in old],
+        )
+
+
+def _machine_values(m: Machine) -> dict[str, Any]:
+    return {
+        "machine_id": m.machine_id,
+        "region": m.region,
+        "inventory": m.inventory.to_bytes().decode(),
+        "generation": m.generation,
+        "liveness": m.liveness.value,
+    }
+
+
+_WORKLOAD_MUTABLE = ("state", "reason", "machine_id", "seq", "pending_since", "request_id")
+
+
+async def _save_workloads(conn: AsyncConnection, changes: Changes) -> None:
+    new = [w for k, w in changes.workloads.items() if k in changes.new_workloads]
+    old = [w for k, w in changes.workloads.items() if k not in changes.new_workloads]
+    if new:
+        await conn.execute(t.workloads.insert(), [_workload_values(w) for w in new])
+    if old:
+        await conn.execute(
+            t.workloads.update()
+            .where(t.workloads.c.workload_id == sa.bindparam("b_workload_id"))
+            .values({c: sa.bindparam(f"b_{c}") for c in _WORKLOAD_MUTABLE}),
+            [
+                {f"b_{k}": v for k, v in _workload_values(w).items() if k in _WORKLOAD_MUTABLE}
+                | {"b_workload_id": w.workload_id}
+                for w in old
+            ],
+        )
+
+
+def _workload_values(w: Workload) -> dict[str, Any]:
+    return {
+        "workload_id": w.workload_id,
+        "tenant_id": w.tenant_id,
+        "region": w.region,
+        "kind": w.kind.value,
+        "class_name": w.class_name,
+        "count": w.count,
+        "spec": json.dumps(w.spec),
+        "state": w.state.value,
+        "reason": w.reason,
+        "machine_id": w.machine_id,
+        "access_token": w.access_token,
+        "seq": w.seq,
+        "pending_since": w.pending_since,
+        "request_id": w.request_id,
+        "created_at": w.created_at,
+    }
+
+
+async def _save_rows(conn: AsyncConnection, changes: Changes) -> None:
+    if not changes.rows:
+        return
+    keys = [{"b_m": m, "b_w": w} for (m, w) in changes.rows]
+    await conn.execute(
+        t.gpu_bookings.delete().where(
+            t.gpu_bookings.c.machine_id == sa.bindparam("b_m"),
+            t.gpu_bookings.c.workload_id == sa.bindparam("b_w"),
+        ),
+        keys,
+    )
+    await conn.execute(
+        t.desired_rows.delete().where(
+            t.desired_rows.c.machine_id == sa.bindparam("b_m"),
+            t.desired_rows.c.workload_id == sa.bindparam("b_w"),
+        ),
+        keys,
+    )
+    present = [(m, row) for (m, _), row in changes.rows.items() if row is not None]
+    if present:
+        await conn.execute(
+            t.desired_rows.insert(),
+            [
+                {
+                    "machine_id": m,
+                    "workload_id": row.workload_id,
+                    "target": row.target.value,
+                    "gpus": json.dumps(row.gpus),
+                    "cpus": row.cpus,
+                    "memory_mib": row.memory_mib,
+                    "since_generation": row.since_generation,
+                }
+                for m, row in present
+            ],
+        )
+    bookings = [
+        {"machine_id": m, "gpu_uuid": uuid, "workload_id": row.workload_id}
+        for m, row in present
+        for uuid in row.gpus
+    ]
+    if bookings:
+        await conn.execute(t.gpu_bookings.insert(), bookings)
+
+
+def _machine(r: Any) -> Machine:
+    return Machine(
+        machine_id=r.machine_id,
+        region=r.region,
+        inventory=Inventory.from_bytes(r.inventory),
+        generation=r.generation,
+        liveness=Liveness(r.liveness),
+    )
+
+
+def _row(r: Any) -> Row:
+    return Row(
+        workload_id=r.workload_id,
+        target=Target(r.target),
+        gpus=list(json.loads(r.gpus)),
+        cpus=float(r.cpus),
+        memory_mib=int(r.memory_mib),
+        since_generation=r.since_generation,
+    )
+
+
+def _workload(r: Any) -> Workload:
+    return Workload(
+        workload_id=r.workload_id,
+        tenant_id=r.tenant_id,
+        region=r.region,
+        kind=WorkloadKind(r.kind),
+        class_name=r.class_name,
+        count=r.count,
+        spec=json.loads(r.spec),
+        state=WorkloadState(r.state),
+        access_token=r.access_token,
+        created_at=r.created_at,
+        reason=r.reason,
+        machine_id=r.machine_id,
+        seq=r.seq,
+        pending_since=r.pending_since,
+        request_id=r.request_id,
+    )
+
+
+def _chunks(items: Iterable[str], size: int = 500) -> list[list[str]]:
+    listed = list(items)
+    return [listed[i : i + size] for i in range(0, len(listed), size)]

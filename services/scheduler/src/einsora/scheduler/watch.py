@@ -1,0 +1,141 @@
+"""Watching the whole `machines` bucket: inventories, observed states, and our own desired keys.
+
+The scheduler is a trusted client, so it watches every key with nats-py's `watchall`. It starts
+with a snapshot of every key's latest value, then follows changes. Because the bucket is only a
+projection, it may be deleted: an audit checks the bucket's stream every few seconds, recreates
+it when it is gone (`provision`), and restarts the watch with a fresh snapshot when the stream
+is a new one, so the engine rewrites every desired state from the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+import nats.errors
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+
+from einsora.common.bus import names, provision
+
+log = logging.getLogger("einsora.scheduler.watch")
+
+
+@dataclass(frozen=True)
+class MachineKey:
+    """One value (or deletion) of one key of the `machines` bucket."""
+
+    machine_id: str
+    kind: str
+    value: bytes
+    revision: int
+    deleted: bool
+
+
+def _parse(entry: KeyValue.Entry) -> MachineKey | None:
+    try:
+        machine_id, kind = names.split_machine_key(entry.key)
+    except ValueError:
+        return None
+    return MachineKey(
+        machine_id=machine_id,
+        kind=kind,
+        value=entry.value or b"",
+        revision=entry.revision or 0,
+        deleted=entry.operation in (KV_DEL, KV_PURGE),
+    )
+
+
+class MachinesWatch:
+    """Feeds every change of the bucket to `on_key`, after a snapshot given to `on_snapshot`."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        *,
+        on_snapshot: Callable[[list[MachineKey]], Awaitable[None]],
+        on_key: Callable[[MachineKey], None],
+        audit_s: float = 2.0,
+    ) -> None:
+        self._js = js
+        self._on_snapshot = on_snapshot
+        self._on_key = on_key
+        self._audit_s = audit_s
+        self._watcher: KeyValue.KeyWatcher | None = None
+        self._pump: asyncio.Task[None] | None = None
+        self._audit: asyncio.Task[None] | None = None
+        self._created: datetime | None = None
+
+    async def start(self) -> None:
+        await self._watch()
+        self._audit = asyncio.create_task(self._audit_loop(), name="machines audit")
+
+    async def stop(self) -> None:
+        audit, self._audit = self._audit, None
+        if audit is not None:
+            audit.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await audit
+        await self._unwatch()
+
+    async def _watch(self) -> None:
+        kv = await self._js.key_value(names.MACHINES.name)
+        info = await self._js.stream_info(names.MACHINES.stream)
+        self._created = info.created
+        watcher = await kv.watchall()
+        snapshot: list[MachineKey] = []
+        while True:
+            entry = await watcher.updates(timeout=30)  # type: ignore[no-untyped-call]
+            if entry is None:
+                break
+            key = _parse(entry)
+            if key is not None:
+                snapshot.append(key)
+        self._watcher = watcher
+        log.info("machines bucket snapshot read", extra={"keys": len(snapshot)})
+        await self._on_snapshot(snapshot)
+        self._pump = asyncio.create_task(self._pump_loop(watcher), name="machines watch")
+
+    async def _unwatch(self) -> None:
+        pump, self._pump = self._pump, None
+        if pump is not None:
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            with contextlib.suppress(nats.errors.Error, OSError):
+                await watcher.stop()  # type: ignore[no-untyped-call]
+
+    async def _pump_loop(self, watcher: KeyValue.KeyWatcher) -> None:
+        async for entry in watcher:
+            if entry is None:
+                continue
+            key = _parse(entry)
+            if key is not None:
+                self._on_key(key)
+
+    async def _audit_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._audit_s)
+            try:
+                await self._check()
+            except (nats.errors.Error, OSError, TimeoutError) as exc:
+                log.warning("machines bucket audit failed; retrying", extra={"error": repr(exc)})
+
+    async def _check(self) -> None:
+        try:
+            info = await self._js.stream_info(names.MACHINES.stream)
+        except NotFoundError:
+            log.warning("the machines bucket is gone; recreating it and rewriting desired states")
+            await provision(self._js)
+            info = await self._js.stream_info(names.MACHINES.stream)
+        if info.created != self._created:
+            log.warning("the machines bucket is new; rereading it and rewriting desired states")
+            await self._unwatch()
+            await self._watch()
