@@ -1,7 +1,11 @@
 """`einsora solo`: Einsora on one machine, in one process.
 
-It starts an embedded nats-server (JetStream under `<data dir>/nats`), provisions the bus, and
-runs every service that exists beside an agent for this machine. They still talk only over NATS.
+It starts an embedded nats-server (JetStream under `<data dir>/nats`), then every service that
+exists (api, scheduler, proxy) and an agent for this machine with the `process` driver. They
+still talk only over NATS. A taken port stops start-up with a message naming the port and the
+flag to change; Solo never connects to a NATS server it did not start unless
+`EINSORA_NATS_URL` asks for one. Stopping leaves workload processes running, and the next
+start re-adopts them.
 """
 
 from __future__ import annotations
@@ -12,44 +16,90 @@ import signal
 import sys
 from pathlib import Path
 
+from einsora.cli.controlplane import ControlPlane, check_ports
 from einsora.common import logs
-from einsora.common.bus import connect, provision
-from einsora.common.embedded_nats import EmbeddedNats
+from einsora.common.errors import EinsoraError
 from einsora.common.settings import Settings
+
+STOP_WITHIN_S = 8.0
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("solo", help="run Einsora Solo on this machine")
     parser.add_argument("--data-dir", type=Path, help="where everything is kept")
-    parser.add_argument("--nats-port", type=int, help="port of the embedded NATS server")
+    parser.add_argument("--api-port", type=int, help="API and dashboard port (default 8080)")
+    parser.add_argument("--proxy-port", type=int, help="access proxy port (default 8081)")
+    parser.add_argument("--gateway-port", type=int, help="inference gateway port (default 8082)")
+    parser.add_argument("--nats-port", type=int, help="embedded NATS port (default 4222)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    overrides = {
-        k: v
-        for k, v in {"data_dir": args.data_dir, "nats_port": args.nats_port}.items()
-        if v is not None
+    flags = {
+        "data_dir": args.data_dir,
+        "api_port": args.api_port,
+        "proxy_port": args.proxy_port,
+        "gateway_port": args.gateway_port,
+        "nats_port": args.nats_port,
     }
-    settings = Settings(**overrides)
+    settings = Settings(**{k: v for k, v in flags.items() if v is not None})
     logs.configure(settings.log_level, settings.log_format)
+    try:
+        check_ports(settings)
+    except EinsoraError as exc:
+        print(f"einsora solo: {exc.message}", file=sys.stderr)
+        return 1
     return asyncio.run(_serve(settings))
 
 
 async def _serve(settings: Settings) -> int:
-    nats = EmbeddedNats(settings.data_dir / "nats", port=settings.nats_port)
-    nats.start()
+    plane = ControlPlane(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        nc = await connect(nats.url, name="einsora-solo")
-        await provision(nc.jetstream())
-        print(f"Einsora Solo: NATS at {nats.url}, data in {settings.data_dir}", file=sys.stderr)
-        print("Press Ctrl-C to stop.", file=sys.stderr)
-        await stop.wait()
-        await nc.close()
-    finally:
-        nats.stop()
+        await plane.start()
+    except EinsoraError as exc:
+        print(f"einsora solo: {exc.message}", file=sys.stderr)
+        await plane.stop()
+        return 1
+    _greet(plane, settings)
+    await stop.wait()
+    print("Stopping Einsora Solo...", file=sys.stderr, flush=True)
+    running = plane.running_workloads()
+    try:
+        await asyncio.wait_for(plane.stop(), STOP_WITHIN_S)
+    except TimeoutError:
+        print("einsora solo: some parts did not stop in time", file=sys.stderr)
+    if running:
+        print(
+            f"{running} workload{'s are' if running != 1 else ' is'} still running; the next "
+            "`einsora solo` re-adopts them. To stop one, start Solo and run `einsora park ID` "
+            "(`einsora ls --state running` lists them).",
+            file=sys.stderr,
+        )
+    else:
+        print("Einsora Solo stopped.", file=sys.stderr)
     return 0
+
+
+def _greet(plane: ControlPlane, settings: Settings) -> None:
+    url = f"http://127.0.0.1:{plane.api_port}"
+    token_file = settings.data_dir / "owner.token"
+    lines = [f"Einsora Solo is running: {url}"]
+    token = plane.owner_token_created
+    if token:
+        lines += [
+            "",
+            "Your owner API token (shown once; it is saved in "
+            f"{token_file}, readable only by you):",
+            f"  {token}",
+            "",
+            "Try it:",
+            "  einsora launch notebook --class cpu-1c-2g --wait",
+        ]
+    else:
+        lines.append(f"Owner token: {token_file}")
+    lines.append("Press Ctrl-C to stop (workloads keep running).")
+    print("\n".join(lines), flush=True)

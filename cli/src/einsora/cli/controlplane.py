@@ -1,0 +1,118 @@
+"""Every service of Einsora in one process, in order: what Solo runs, and what end-to-end tests
+start on free ports.
+
+Order matters only for start-up speed and clean stops: NATS first, then the api (which owns the
+store and creates the owner), the scheduler, the proxy, and last the agent; stopping goes in
+reverse, so the agent stops watching before the scheduler goes away. The services still talk only
+over NATS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from einsora.agent.service import AgentService, DriverName
+from einsora.api.service import ApiService
+from einsora.common.embedded_nats import EmbeddedNats, port_is_free
+from einsora.common.errors import PortInUse
+from einsora.common.service import Service
+from einsora.common.settings import Settings
+from einsora.proxy.service import ProxyService
+from einsora.scheduler.service import SchedulerService
+
+log = logging.getLogger("einsora.solo")
+
+
+def check_ports(settings: Settings) -> None:
+    """Refuse to start when a port is taken, naming the port and the flag that changes it."""
+    wanted: list[tuple[int, str, str]] = [
+        (settings.api_port, "API and dashboard", "--api-port or EINSORA_API_PORT"),
+        (settings.proxy_port, "access proxy", "--proxy-port or EINSORA_PROXY_PORT"),
+    ]
+    if settings.nats_url is None:
+        wanted.append((settings.nats_port, "embedded NATS", "--nats-port or EINSORA_NATS_PORT"))
+    for port, what, flag in wanted:
+        if port and not port_is_free(settings.bind_host, port):
+            raise PortInUse(
+                f"port {port} ({what}) is already in use on {settings.bind_host}; "
+                f"choose another with {flag}, or stop what uses it"
+            )
+
+
+class ControlPlane:
+    """NATS (unless external), api, scheduler, proxy and an agent for this machine."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        agent_driver: DriverName = "process",
+        agent_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.nats: EmbeddedNats | None = None
+        if settings.nats_url is None:
+            self.nats = EmbeddedNats(settings.data_dir / "nats", port=settings.nats_port)
+        self.api: ApiService | None = None
+        self.scheduler: SchedulerService | None = None
+        self.proxy: ProxyService | None = None
+        self.agent: AgentService | None = None
+        self._agent_driver = agent_driver
+        self._agent_options = agent_options or {}
+        self._started: list[Service] = []
+
+    @property
+    def nats_url(self) -> str:
+        return self.nats.url if self.nats is not None else self.settings.effective_nats_url
+
+    @property
+    def api_port(self) -> int:
+        if self.api is not None and self.api.port is not None:
+            return self.api.port
+        return self.settings.api_port
+
+    @property
+    def owner_token_created(self) -> str | None:
+        return self.api.owner_token_created if self.api is not None else None
+
+    async def start(self) -> None:
+        if self.nats is not None:
+            self.nats.start()
+            # Services connect to the server we started, wherever it listens.
+            self.settings = self.settings.model_copy(update={"nats_url": self.nats.url})
+        s = self.settings
+        self.api = ApiService(s)
+        await self._start(self.api)
+        if s.api_port == 0:
+            s = s.model_copy(update={"api_port": self.api_port})
+        self.scheduler = SchedulerService(s)
+        await self._start(self.scheduler)
+        self.proxy = ProxyService(s)
+        await self._start(self.proxy)
+        self.agent = AgentService(s, driver=self._agent_driver, **self._agent_options)
+        await self._start(self.agent)
+
+    async def _start(self, service: Service) -> None:
+        await service.start()
+        self._started.append(service)
+        log.info("service started", extra={"service": service.name})
+
+    def running_workloads(self) -> int:
+        return self.agent.running_count() if self.agent is not None else 0
+
+    async def stop(self) -> None:
+        for service in reversed(self._started):
+            try:
+                await service.stop()
+            except Exception:
+                log.exception("service did not stop cleanly", extra={"service": service.name})
+        self._started.clear()
+        if self.nats is not None:
+            with contextlib.suppress(Exception):
+                self.nats.stop()
+
+
+__all__: Sequence[str] = ("ControlPlane", "check_ports")
