@@ -91,6 +91,7 @@ class Sim:
         self._changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[Any] = []
+        self._watchers: list[Any] = []
 
     async def start(self) -> None:
         async def on_event(msg: Msg) -> None:
@@ -108,7 +109,7 @@ class Sim:
         routes = await self.routes_kv.watchall()
         self._tasks.append(asyncio.create_task(self._pump_desired(desired)))
         self._tasks.append(asyncio.create_task(self._pump_routes(routes)))
-        self._watchers = [desired, routes]
+        self._watchers += [desired, routes]
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -120,7 +121,8 @@ class Sim:
                 await sub.unsubscribe()
         for watcher in self._watchers:
             with contextlib.suppress(Exception):
-                await watcher.stop()  # type: ignore[no-untyped-call]
+                await watcher.stop()
+        self._tasks, self._subs, self._watchers = [], [], []
 
     async def _pump_desired(self, watcher: Any) -> None:
         async for entry in watcher:

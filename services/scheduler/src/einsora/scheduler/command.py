@@ -52,6 +52,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="SECONDS",
         help="a machine silent this long is lost and its workloads fail (default 120)",
     )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=256,
+        metavar="N",
+        help="intents fetched and decided together, in one transaction (default 256)",
+    )
     parser.add_argument("--log-level", help="EINSORA_LOG_LEVEL (default INFO)")
     parser.add_argument("--log-format", choices=["json", "text"], help="EINSORA_LOG_FORMAT")
     parser.set_defaults(func=run)
@@ -76,7 +83,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"invalid setting: {exc}") from exc
     logs.configure(settings.log_level, settings.log_format)
     service = SchedulerService(
-        settings, suspect_after_s=args.suspect_after, lost_after_s=args.lost_after
+        settings,
+        suspect_after_s=args.suspect_after,
+        lost_after_s=args.lost_after,
+        batch=args.batch,
     )
     return asyncio.run(serve(service))
 

@@ -64,7 +64,12 @@ class _Tick:
     pass
 
 
-_Input = _Intents | _Snapshot | MachineKey | _Tick
+@dataclass
+class _Present:
+    machine_ids: set[str]
+
+
+_Input = _Intents | _Snapshot | MachineKey | _Tick | _Present
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,10 @@ class Engine:
     def submit_key(self, key: MachineKey) -> None:
         self._queue.put_nowait(key)
 
+    def submit_present(self, machine_ids: set[str]) -> None:
+        """The machines whose desired key exists in the bucket now (from the audit)."""
+        self._queue.put_nowait(_Present(machine_ids))
+
     async def clean_routes(self, route_keys: list[str]) -> None:
         """Delete the routes of workloads of this scheduler that no longer run (at start)."""
         unknown = [k for k in route_keys if k not in self.book.workloads]
@@ -210,6 +219,8 @@ class Engine:
                 check_liveness(
                     self.book, now, self.timing.suspect_after_s, self.timing.lost_after_s
                 )
+            elif isinstance(item, _Present):
+                self._rewrite_missing(item.machine_ids)
         for intent, request_id in fresh:
             apply_intent(self.book, intent, request_id)
         if changes.capacity_freed:
@@ -283,6 +294,15 @@ class Engine:
                 "unreadable machine value ignored",
                 extra={"machine_id": key.machine_id, "kind": key.kind, "error": str(exc)},
             )
+
+    def _rewrite_missing(self, present: set[str]) -> None:
+        missing = set(self.book.machines) - present - self.projector.dirty
+        if missing:
+            log.warning(
+                "desired states missing from the bucket; rewriting them from the store",
+                extra={"machines": len(missing)},
+            )
+            self.projector.dirty |= missing
 
     def _desired_changed(self, key: MachineKey) -> None:
         machine = self.book.machines.get(key.machine_id)

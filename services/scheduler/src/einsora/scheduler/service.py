@@ -107,7 +107,11 @@ class SchedulerService:
         await engine.load()
         engine.start()
         self._watch = MachinesWatch(
-            js, on_snapshot=self._on_snapshot, on_key=engine.submit_key, audit_s=self._audit_s
+            js,
+            on_snapshot=self._on_snapshot,
+            on_key=engine.submit_key,
+            on_present=engine.submit_present,
+            audit_s=self._audit_s,
         )
         await self._watch.start()
         try:

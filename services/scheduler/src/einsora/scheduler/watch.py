@@ -4,7 +4,8 @@ The scheduler is a trusted client, so it watches every key with nats-py's `watch
 with a snapshot of every key's latest value, then follows changes. Because the bucket is only a
 projection, it may be deleted: an audit checks the bucket's stream every few seconds, recreates
 it when it is gone (`provision`), and restarts the watch with a fresh snapshot when the stream
-is a new one, so the engine rewrites every desired state from the store.
+is a new one, so the engine rewrites every desired state from the store. The audit also lists
+which desired keys exist, because a key purged from the stream leaves no trace a watch sees.
 """
 
 from __future__ import annotations
@@ -60,11 +61,13 @@ class MachinesWatch:
         *,
         on_snapshot: Callable[[list[MachineKey]], Awaitable[None]],
         on_key: Callable[[MachineKey], None],
+        on_present: Callable[[set[str]], None],
         audit_s: float = 2.0,
     ) -> None:
         self._js = js
         self._on_snapshot = on_snapshot
         self._on_key = on_key
+        self._on_present = on_present
         self._audit_s = audit_s
         self._watcher: KeyValue.KeyWatcher | None = None
         self._pump: asyncio.Task[None] | None = None
@@ -127,10 +130,13 @@ class MachinesWatch:
                 await self._check()
             except (nats.errors.Error, OSError, TimeoutError) as exc:
                 log.warning("machines bucket audit failed; retrying", extra={"error": repr(exc)})
+            except Exception:
+                log.exception("machines bucket audit failed unexpectedly; retrying")
 
     async def _check(self) -> None:
+        every_key = names.MACHINES.key_subject(">")
         try:
-            info = await self._js.stream_info(names.MACHINES.stream)
+            info = await self._js.stream_info(names.MACHINES.stream, subjects_filter=every_key)
         except NotFoundError:
             log.warning("the machines bucket is gone; recreating it and rewriting desired states")
             await provision(self._js)
@@ -139,3 +145,13 @@ class MachinesWatch:
             log.warning("the machines bucket is new; rereading it and rewriting desired states")
             await self._unwatch()
             await self._watch()
+            return
+        present = set()
+        for subject in info.state.subjects or {}:
+            with contextlib.suppress(ValueError):
+                machine_id, kind = names.split_machine_key(
+                    subject.removeprefix(names.MACHINES.subject_prefix)
+                )
+                if kind == "desired":
+                    present.add(machine_id)
+        self._on_present(present)

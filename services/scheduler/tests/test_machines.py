@@ -1,0 +1,167 @@
+"""Machines that fall silent and come back, and a `machines` bucket that loses its keys."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from nats.js.errors import KeyNotFoundError, NotFoundError
+
+from einsora.common.bus import names
+from einsora.common.schemas import DesiredState
+
+if TYPE_CHECKING:
+    from services.scheduler.tests.conftest import Sim, StartScheduler
+
+T = TypeVar("T")
+
+
+async def eventually(check: Callable[[], Awaitable[T | None]], within_s: float, what: str) -> T:
+    """Poll an async condition with a deadline (for state no watcher of ours can follow)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    never = asyncio.Event()
+    while True:
+        result = await check()
+        if result:
+            return result
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {within_s} s waiting for {what}")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(never.wait(), 0.05)
+
+
+async def test_a_silent_machine_is_suspect_then_lost_then_reconciled_when_back(
+    sim: Sim, start_scheduler: StartScheduler, sqlite_url: str
+) -> None:
+    await sim.join("m-1", gpus=1)
+    await start_scheduler(sqlite_url, suspect_after_s=0.6, lost_after_s=1.5)
+    first = await sim.launch()
+    await sim.wait_state(first, "scheduled")
+    await sim.report("m-1", {first: "running"})
+    await sim.wait_state(first, "running")
+    second = await sim.launch()
+    await sim.wait_state(second, "queued")
+    running_generation = sim.desired["m-1"].generation  # type: ignore[union-attr]
+
+    # m-1 stops reporting.
+    await sim.until(lambda: sim.notes(first), within_s=5, what="suspect note")
+    assert sim.notes(first)[0].startswith("m-1 has not reported for ")
+    lost = await sim.wait_state(first, "failed", within_s=5)
+    assert lost.reason.startswith("machine lost: m-1 has not reported for ")
+    entry = await sim.until(
+        lambda: sim.entry_if("m-1", first, lambda e: not e.resources.gpus), what="released"
+    )
+    assert entry.target.value == "parked"  # when it comes back, the agent stops it
+    await sim.until(lambda: sim.route_gone(first), what="route deleted")
+    assert sim.state(second) == "queued"  # a lost machine takes no work
+
+    # m-1 comes back, still running the old generation: reconciled, not yet given new work.
+    await sim.report("m-1", {first: "running"}, generation=running_generation)
+    await sim.until(lambda: len(sim.notes(first)) == 2, what="back note")
+    assert sim.notes(first)[1] == (
+        "m-1 is back; it is told to stop what it still runs for this workload"
+    )
+    assert sim.state(first) == "failed"
+    assert sim.state(second) == "queued"
+
+    # Once it has applied the current desired state (the old workload stopped), it takes work.
+    await sim.report("m-1", {first: "parked"})
+    placed = await sim.wait_state(second, "scheduled")
+    assert placed.placement is not None
+    assert placed.placement.machine == "m-1"
+    assert sim.entry("m-1", second).resources.gpus == ["GPU-m-1-0"]  # type: ignore[union-attr]
+
+
+async def test_a_suspect_machine_that_reports_again_keeps_its_workloads(
+    sim: Sim, start_scheduler: StartScheduler, sqlite_url: str
+) -> None:
+    await sim.join("m-1", gpus=1)
+    await start_scheduler(sqlite_url, suspect_after_s=0.5, lost_after_s=60)
+    workload = await sim.launch()
+    await sim.wait_state(workload, "scheduled")
+    await sim.report("m-1", {workload: "running"})
+    await sim.wait_state(workload, "running")
+    await sim.until(lambda: sim.notes(workload), within_s=5, what="suspect note")
+    await sim.report("m-1", {workload: "running"})
+    await sim.until(lambda: len(sim.notes(workload)) == 2, what="reports again")
+    assert sim.notes(workload)[1] == "m-1 reports again"
+    assert sim.state(workload) == "running"
+
+
+async def test_deleted_desired_keys_are_rebuilt_from_the_store(
+    sim: Sim, start_scheduler: StartScheduler, store_url: str
+) -> None:
+    await sim.join("m-1", gpus=2)
+    await sim.join("m-2", gpus=2)
+    await start_scheduler(store_url)
+    workloads = [await sim.launch() for _ in range(3)]
+    for w in workloads:
+        await sim.wait_state(w, "scheduled")
+    before = {m: d for m, d in sim.desired.items() if d is not None}
+    assert set(before) == {"m-1", "m-2"}
+
+    # A delete leaves a marker that watches see; a purge of the stream's subject leaves nothing.
+    await sim.machines.delete(names.desired_key("m-1"))
+    await sim.until(lambda: sim.desired.get("m-1"), what="m-1 rebuilt")
+    await sim.bus.js.purge_stream(
+        names.MACHINES.stream, subject=names.MACHINES.key_subject(names.desired_key("m-2"))
+    )
+    writes = sim.desired_writes
+    await sim.until(lambda: sim.desired_writes > writes, what="m-2 rebuilt")
+    for machine in ("m-1", "m-2"):
+        rebuilt = sim.desired[machine]
+        assert rebuilt is not None
+        assert rebuilt.generation == before[machine].generation
+        assert rebuilt.workloads == before[machine].workloads
+
+
+async def test_a_deleted_machines_bucket_is_recreated_and_rebuilt(
+    sim: Sim, start_scheduler: StartScheduler, sqlite_url: str
+) -> None:
+    await sim.join("m-1", gpus=2)
+    await start_scheduler(sqlite_url)
+    first = await sim.launch()
+    await sim.wait_state(first, "scheduled")
+    before = await sim.until(lambda: sim.entry("m-1", first), what="desired")
+    await sim.stop()  # its watchers end with the bucket
+
+    await sim.bus.js.delete_stream(names.MACHINES.stream)
+
+    async def rebuilt() -> DesiredState | None:
+        with contextlib.suppress(NotFoundError, KeyNotFoundError):
+            kv = await sim.bus.js.key_value(names.MACHINES.name)
+            entry = await kv.get(names.desired_key("m-1"))
+            if entry.value:
+                return DesiredState.from_bytes(entry.value)
+        return None
+
+    desired = await eventually(rebuilt, within_s=10, what="desired state rewritten")
+    assert [w.workload_id for w in desired.workloads] == [first]
+    assert desired.workloads[0] == before
+    # The machine is still known to the store: new work still lands on it.
+    machines = await sim.bus.js.key_value(names.MACHINES.name)
+    sim.machines = machines
+    await sim.start()
+    second = await sim.launch()
+    placed = await sim.wait_state(second, "scheduled")
+    assert placed.placement is not None
+    assert placed.placement.machine == "m-1"
+    assert sim.entry("m-1", second).resources.gpus == ["GPU-m-1-1"]  # type: ignore[union-attr]
+
+
+async def test_unreadable_machine_values_are_ignored(
+    sim: Sim, start_scheduler: StartScheduler, sqlite_url: str
+) -> None:
+    await sim.machines.put(names.inventory_key("m-bad"), b"{not json")
+    await sim.machines.put(names.observed_key("m-bad"), b'{"machine_id": "m-other"}')
+    await sim.join("m-1", gpus=1)
+    # An inventory under one key that names another machine is refused.
+    impostor = (await sim.join("m-2", gpus=8)).model_copy(update={"machine_id": "m-1"})
+    await sim.machines.put(names.inventory_key("m-2"), impostor.to_bytes())
+    await start_scheduler(sqlite_url)
+    workload = await sim.launch("l40s-48gb", 8)
+    queued = await sim.wait_state(workload, "queued")
+    assert "(the largest has 1)" in queued.reason

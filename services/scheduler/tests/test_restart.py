@@ -1,0 +1,216 @@
+"""Restart safety: a scheduler stopped, or killed with SIGKILL at any instant, and started again
+loses no workload, places none twice and books no device twice."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+import sqlalchemy as sa
+from nats.js.api import PubAck
+from nats.js.errors import NotFoundError
+
+from einsora.common.bus import message_headers, names
+from einsora.common.ids import new_id
+from einsora.common.schemas import DesiredState, WorkloadIntent, WorkloadKind
+from einsora.common.testing import subprocess_env
+from einsora.store import create_engine
+
+if TYPE_CHECKING:
+    from services.scheduler.tests.conftest import Sim, StartScheduler
+
+
+async def test_a_restarted_scheduler_carries_on_from_its_store(
+    sim: Sim, start_scheduler: StartScheduler, store_url: str
+) -> None:
+    await sim.join("m-1", gpus=2)
+    await sim.join("m-2", gpus=2)
+    first = await start_scheduler(store_url)
+    w1 = await sim.launch()
+    w2 = await sim.launch()
+    await sim.wait_state(w1, "scheduled")
+    await sim.wait_state(w2, "scheduled")
+    await sim.report("m-1", {w1: "running", w2: "starting"})
+    await sim.wait_state(w1, "running")
+    route = await sim.until(lambda: sim.routes.get(w1), what="route")
+    generation = sim.desired["m-2"].generation  # type: ignore[union-attr]
+    token = sim.entry("m-1", w1).access_token  # type: ignore[union-attr]
+    await first.stop()
+
+    # While it is down, a launch arrives and the agent reports progress.
+    w3 = await sim.launch("l40s-48gb", 2)
+    await sim.report("m-1", {w1: "running", w2: "running"})
+    await start_scheduler(store_url)
+
+    await sim.wait_state(w2, "running")
+    placed = await sim.wait_state(w3, "scheduled")
+    assert placed.placement is not None
+    assert placed.placement.machine == "m-2"
+    await sim.until(lambda: sim.entry("m-2", w3), what="w3 in desired")
+    assert sim.desired["m-2"].generation == generation + 1  # type: ignore[union-attr]
+    assert sim.entry("m-1", w1).access_token == token  # type: ignore[union-attr]
+    assert sim.routes.get(w1) == route
+    uuids = [u for d in sim.desired.values() if d for w in d.workloads for u in w.resources.gpus]
+    assert len(uuids) == len(set(uuids)) == 4
+    for w in (w1, w2, w3):
+        seqs = [e.seq for e in sim.events[w]]
+        assert seqs == list(range(1, len(seqs) + 1))
+
+
+BURST = 200
+MACHINES = 60  # x 4 GPUs = 240 devices for 225 asked
+
+
+def _count(i: int) -> int:
+    return 2 if i % 8 == 0 else 1
+
+
+@pytest.mark.slow
+async def test_sigkill_during_a_burst_of_launches_places_each_exactly_once(
+    sim: Sim, store_url: str, tmp_path: Path
+) -> None:
+    for m in range(MACHINES):
+        await sim.join(f"m-{m:03d}", gpus=4)
+    command = [
+        str(Path(sys.executable).parent / "einsora"),
+        "scheduler",
+        "--nats",
+        sim.bus.url,
+        "--region",
+        "local",
+        "--database-url",
+        store_url,
+        "--batch",
+        "16",
+        "--log-format",
+        "text",
+    ]
+    log_file = (tmp_path / "scheduler.log").open("ab")
+
+    def spawn() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(command, stdout=log_file, stderr=log_file, env=subprocess_env())
+
+    def scheduled() -> int:
+        return sum(1 for w in sim.events if sim.event(w, "scheduled"))
+
+    proc = spawn()
+    try:
+        await _until_consuming(sim)
+        workloads = await _burst(sim)
+        await sim.until(lambda: scheduled() >= 50, within_s=30, what="50 placements")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+        proc = spawn()
+        target = min(BURST, scheduled() + 30)
+        await sim.until(lambda: scheduled() >= target, within_s=30, what="more placements")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+        proc = spawn()
+        await sim.until(lambda: scheduled() == BURST, within_s=60, what="every placement")
+        await _until_settled(sim, workloads)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log_file.close()
+
+    desired = await _all_desired(sim)
+    listed = Counter(w.workload_id for d in desired for w in d.workloads)
+    assert set(listed) == set(workloads)
+    assert all(n == 1 for n in listed.values()), "a workload is on two machines"
+    uuids = [u for d in desired for w in d.workloads for u in w.resources.gpus]
+    assert len(uuids) == len(set(uuids)) == sum(workloads.values()), "a device is booked twice"
+    for d in desired:
+        for w in d.workloads:
+            assert len(w.resources.gpus) == workloads[w.workload_id]
+            assert all(u.startswith(f"GPU-{d.machine_id}-") for u in w.resources.gpus)
+    placements = Counter(
+        e.workload_id
+        for events in sim.events.values()
+        for e in events
+        if e.state.value == "scheduled"
+    )
+    assert set(placements.values()) == {1}, "a workload was placed twice"
+    engine = create_engine(store_url)
+    try:
+        async with engine.connect() as conn:
+            booked = (
+                await conn.execute(sa.text("SELECT count(*) FROM scheduler_gpu_bookings"))
+            ).scalar_one()
+    finally:
+        await engine.dispose()
+    assert booked == sum(workloads.values())
+
+
+async def _until_consuming(sim: Sim) -> None:
+    """The scheduler is ready once its durable consumer exists."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    never = asyncio.Event()
+    while True:
+        with contextlib.suppress(NotFoundError):
+            await sim.bus.js.consumer_info(names.INTENTS.name, "scheduler-local")
+            return
+        assert loop.time() < deadline, "the scheduler did not start consuming"
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(never.wait(), 0.05)
+
+
+async def _burst(sim: Sim) -> dict[str, int]:
+    """Publish BURST create intents at once (acks awaited together)."""
+    workloads: dict[str, int] = {}
+    futures: list[asyncio.Future[PubAck]] = []
+    for i in range(BURST):
+        workload_id = new_id("workload")
+        workloads[workload_id] = _count(i)
+        intent = WorkloadIntent.model_validate(
+            {
+                "intent_id": new_id("intent"),
+                "action": "create",
+                "workload_id": workload_id,
+                "tenant_id": "t-burst",
+                "region": "local",
+                "kind": WorkloadKind.notebook,
+                "class": "l40s-48gb",
+                "count": _count(i),
+            }
+        )
+        futures.append(
+            await sim.bus.js.publish_async(
+                names.intent_subject("local", workload_id),
+                intent.to_bytes(),
+                headers=message_headers(request_id=new_id("request"), msg_id=intent.intent_id),
+            )
+        )
+    await asyncio.gather(*futures)
+    return workloads
+
+
+async def _until_settled(sim: Sim, workloads: dict[str, int]) -> None:
+    """Every workload is in some machine's desired state, as the agents would see it."""
+    await sim.until(
+        lambda: all(sim.placed_on(w) for w in workloads), within_s=30, what="desired states"
+    )
+
+
+async def _all_desired(sim: Sim) -> list[DesiredState]:
+    kv = await sim.bus.js.key_value(names.MACHINES.name)
+    found = []
+    for key in await kv.keys():
+        if key.endswith(".desired"):
+            entry = await kv.get(key)
+            if entry.value:
+                found.append(DesiredState.from_bytes(entry.value))
+    return found
