@@ -13,19 +13,13 @@ from collections.abc import Callable
 
 from einsora.cli.client import ApiClient, ApiRefused, ApiUnreachable
 from einsora.cli.commands import catalog, tokens, workloads
+from einsora.cli.commands.options import common_options
 from einsora.cli.config import resolve
 
 Action = Callable[[ApiClient, argparse.Namespace], int]
 
 EXIT_REFUSED = 1
 EXIT_UNREACHABLE = 3
-
-
-def _common() -> argparse.ArgumentParser:
-    parent = argparse.ArgumentParser(add_help=False)
-    parent.add_argument("--api", help="API URL (default: $EINSORA_API, else the local Solo)")
-    parent.add_argument("--json", action="store_true", help="print JSON for scripts")
-    return parent
 
 
 def run_action(action: Action) -> Callable[[argparse.Namespace], int]:
@@ -49,7 +43,7 @@ def run_action(action: Action) -> Callable[[argparse.Namespace], int]:
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parent = _common()
+    parent = common_options()
     for module in (workloads, tokens, catalog):
         for name, help_text, configure, action in module.COMMANDS:
             parser = subparsers.add_parser(name, help=help_text, parents=[parent])

@@ -6,15 +6,19 @@ import argparse
 
 from einsora.cli import render
 from einsora.cli.client import ApiClient
+from einsora.cli.commands.options import common_options
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="tokens_command", metavar="ACTION", required=True)
-    create = sub.add_parser("create", help="make a token (its secret is shown once)")
+    nested = [common_options(nested=True)]
+    create = sub.add_parser(
+        "create", help="make a token (its secret is shown once)", parents=nested
+    )
     create.add_argument("name")
     create.add_argument("--expires-in-days", type=int)
-    sub.add_parser("ls", help="list tokens (never their secrets)")
-    revoke = sub.add_parser("revoke", help="revoke a token at once")
+    sub.add_parser("ls", help="list tokens (never their secrets)", parents=nested)
+    revoke = sub.add_parser("revoke", help="revoke a token at once", parents=nested)
     revoke.add_argument("id")
 
 

@@ -1,0 +1,202 @@
+"""`einsora solo` and the `einsora` CLI, as a user runs them: subprocesses on free ports.
+
+What a new user meets first: the owner token printed once and saved with mode 0600, a notebook
+launched with `--wait` reaching running, a stop and start that keeps every workload (process
+workloads with the same pid), a clear message for a taken port, a quick clean exit on SIGTERM,
+and the CLI's exit codes and JSON output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+EINSORA = str(Path(sys.executable).parent / "einsora")
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class Solo:
+    data_dir: Path
+    env: dict[str, str]
+    proc: subprocess.Popen[str] | None = None
+    output: str = ""
+
+    def start(self) -> str:
+        """Start Solo; returns what it printed up to its greeting."""
+        self.proc = subprocess.Popen(
+            [EINSORA, "solo"],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        lines = []
+        deadline = time.monotonic() + 60
+        for line in self.proc.stdout:
+            lines.append(line)
+            if line.startswith("Press Ctrl-C") or time.monotonic() > deadline:
+                break
+        self.output = "".join(lines)
+        assert "Einsora Solo is running" in self.output, self.output
+        return self.output
+
+    def stop(self) -> float:
+        """SIGTERM; returns how long Solo took to exit."""
+        assert self.proc is not None
+        t0 = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=30)
+        took = time.monotonic() - t0
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return took
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [EINSORA, *args], env=self.env, capture_output=True, text=True, timeout=120, check=False
+        )
+
+
+@pytest.fixture
+def solo(tmp_path: Path) -> Iterator[Solo]:
+    env = dict(os.environ)
+    for key in ("EINSORA_TOKEN", "EINSORA_API", "EINSORA_NATS_URL"):
+        env.pop(key, None)
+    env.update(
+        {
+            "EINSORA_DATA_DIR": str(tmp_path / "data"),
+            "EINSORA_API_PORT": str(_free_port()),
+            "EINSORA_PROXY_PORT": str(_free_port()),
+            "EINSORA_GATEWAY_PORT": str(_free_port()),
+            "EINSORA_NATS_PORT": str(_free_port()),
+            "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        }
+    )
+    running = Solo(tmp_path / "data", env)
+    yield running
+    if running.proc is not None:
+        if running.proc.poll() is None:
+            running.proc.kill()
+            running.proc.wait()
+        if running.proc.stdout is not None:
+            running.proc.stdout.close()
+    # Workloads outlive Solo by design; the test's own must not outlive the test.
+    for proc in psutil.process_iter(["cwd"]):
+        try:
+            if proc.info["cwd"] and proc.info["cwd"].startswith(str(tmp_path)):
+                proc.kill()
+        except psutil.Error:
+            pass
+
+
+def _notebook_pid(data_dir: Path, workload_id: str) -> int:
+    root = str(data_dir / "workloads" / workload_id)
+    for proc in psutil.process_iter(["cwd", "cmdline"]):
+        try:
+            cwd = proc.info["cwd"] or ""
+            if cwd.startswith(root) and "jupyter" in " ".join(proc.info["cmdline"] or []):
+                return int(proc.pid)
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no Jupyter process runs for {workload_id}")
+
+
+def test_first_start_prints_and_saves_the_owner_token(solo: Solo) -> None:
+    out = solo.start()
+    match = re.search(r"^\s+(tsk_\S+)$", out, re.MULTILINE)
+    assert match, out
+    token_file = solo.data_dir / "owner.token"
+    assert str(token_file) in out
+    assert token_file.read_text().strip() == match.group(1)
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    assert "einsora launch" in out
+    assert solo.stop() < 10
+
+    again = solo.start()
+    assert "tsk_" not in again  # shown once
+    assert str(token_file) in again
+    solo.stop()
+
+
+def test_launch_wait_then_stop_and_start_keeps_everything(solo: Solo) -> None:
+    solo.start()
+    launched = solo.cli("launch", "notebook", "--class", "cpu-1c-2g", "--wait", "--json")
+    assert launched.returncode == 0, launched.stderr
+    workload = json.loads(launched.stdout)
+    assert workload["state"] == "running"
+    pid = _notebook_pid(solo.data_dir, workload["id"])
+
+    assert solo.stop() < 10
+    assert psutil.pid_exists(pid)  # workloads keep running while Solo is stopped
+    solo.start()
+    shown = solo.cli("show", workload["id"], "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["state"] == "running"
+    assert _notebook_pid(solo.data_dir, workload["id"]) == pid  # re-adopted, not restarted
+    listed = solo.cli("ls", "--json")
+    assert [w["id"] for w in json.loads(listed.stdout)] == [workload["id"]]
+
+    removed = solo.cli("rm", workload["id"])
+    assert removed.returncode == 0, removed.stderr
+    solo.stop()
+
+
+def test_a_taken_port_is_named_with_its_flag(solo: Solo) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", int(solo.env["EINSORA_API_PORT"])))
+        s.listen()
+        done = subprocess.run(
+            [EINSORA, "solo"], env=solo.env, capture_output=True, text=True, timeout=60, check=False
+        )
+    assert done.returncode != 0
+    assert solo.env["EINSORA_API_PORT"] in done.stderr
+    assert "--api-port" in done.stderr
+
+
+def test_cli_exit_codes_and_json(solo: Solo) -> None:
+    unreachable = solo.cli("ls")
+    assert unreachable.returncode == 3
+    assert f"127.0.0.1:{solo.env['EINSORA_API_PORT']}" in unreachable.stderr
+
+    solo.start()
+    usage = solo.cli("launch", "notebook")
+    assert usage.returncode == 2
+    refused = solo.cli("show", "w-doesnotexist0000000000")
+    assert refused.returncode == 1
+    assert "request ID" in refused.stderr
+    bad_class = solo.cli("launch", "notebook", "--class", "no-such-class")
+    assert bad_class.returncode == 1
+    assert "class" in bad_class.stderr
+    classes = solo.cli("classes", "--json")
+    assert classes.returncode == 0
+    assert "cpu-1c-2g" in {c["name"] for c in json.loads(classes.stdout)}
+    made = solo.cli("tokens", "create", "ci", "--json")
+    assert made.returncode == 0
+    token = json.loads(made.stdout)
+    assert token["token"].startswith("tsk_")
+    listed = solo.cli("tokens", "ls", "--json")
+    assert token["id"] in {t["id"] for t in json.loads(listed.stdout)}
+    assert token["token"] not in listed.stdout
+    solo.stop()
