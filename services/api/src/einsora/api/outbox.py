@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 from datetime import timedelta
+from typing import Any
 
 import nats.errors
 import sqlalchemy as sa
@@ -32,6 +33,20 @@ from einsora.common.schemas import WorkloadIntent, utcnow
 log = logging.getLogger("einsora.api.outbox")
 
 
+def outbox_row(
+    intent: WorkloadIntent, *, request_id: str, traceparent: str | None = None
+) -> dict[str, Any]:
+    """The outbox row that publishes `intent`."""
+    return {
+        "intent_id": intent.intent_id,
+        "subject": names.intent_subject(intent.region, intent.workload_id),
+        "payload": intent.to_bytes().decode(),
+        "request_id": request_id,
+        "traceparent": traceparent,
+        "created_at": intent.at,
+    }
+
+
 async def enqueue(
     conn: AsyncConnection,
     intent: WorkloadIntent,
@@ -40,16 +55,8 @@ async def enqueue(
     traceparent: str | None = None,
 ) -> None:
     """Add `intent` to the outbox, inside the caller's transaction."""
-    await conn.execute(
-        sa.insert(m.outbox).values(
-            intent_id=intent.intent_id,
-            subject=names.intent_subject(intent.region, intent.workload_id),
-            payload=intent.to_bytes().decode(),
-            request_id=request_id,
-            traceparent=traceparent,
-            created_at=intent.at,
-        )
-    )
+    row = outbox_row(intent, request_id=request_id, traceparent=traceparent)
+    await conn.execute(sa.insert(m.outbox).values(row))
 
 
 _UNSENT = (

@@ -19,6 +19,7 @@ from sqlalchemy import event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from einsora.api.batching import InsertBatcher
 from einsora.store import create_engine, is_sqlite, upgrade
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -33,6 +34,14 @@ class Store:
     def __init__(self, url: str, **engine_options: Any) -> None:
         self.url = url
         self.sqlite = is_sqlite(url)
+        # A pool as large as the requests in flight: a connection opened past the pool's size
+        # is closed again when returned, and on SQLite each is a thread, a file and four PRAGMAs.
+        engine_options.setdefault("pool_size", 20)
+        engine_options.setdefault("max_overflow", 20)
+        if self.sqlite:
+            # No transaction is ever left open on a returned connection (reads run without one,
+            # writes commit or roll back), so resetting each connection is a wasted round trip.
+            engine_options.setdefault("pool_reset_on_return", None)
         self.engine = create_engine(url, **engine_options)
         self._reader = self.engine.execution_options(**{_READ: True})
         self._write_lock: asyncio.Lock | None = None
@@ -41,6 +50,8 @@ class Store:
             self._write_lock = asyncio.Lock()
         self.outbox_written = asyncio.Event()
         """Set after a commit that wrote outbox rows, so the relay publishes them at once."""
+        self.inserts = InsertBatcher(self)
+        """Group commit for requests whose change is inserts only (see `batching.py`)."""
 
     async def migrate(self) -> None:
         """Bring the tables to the latest migration (a second run changes nothing)."""
@@ -68,6 +79,7 @@ class Store:
             await conn.execute(sa.text("SELECT 1"))
 
     async def close(self) -> None:
+        await self.inserts.close()
         await self.engine.dispose()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -20,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from einsora.api import models as m
 from einsora.api.auth import Principal
 from einsora.api.errors import Conflict, NotFound, field_error
-from einsora.api.outbox import enqueue
+from einsora.api.outbox import enqueue, outbox_row
 from einsora.api.pagination import cursor_str, encode_cursor
 from einsora.api.schemas.workloads import (
     PlacementOut,
@@ -207,40 +208,34 @@ async def create(
         "created_at": now,
         "updated_at": now,
     }
+    intent = _intent(IntentAction.create, row)
+    entry = _entry(
+        workload_id, WorkloadState.pending, f"created by {principal.username}", request_id, now
+    )
+    outbox = outbox_row(intent, request_id=request_id, traceparent=traceparent)
+    if not idempotency_key:
+        # Inserts only: committed together with other launches waiting now (group commit).
+        await store.inserts.insert([(m.workloads, row), (m.timeline, entry), (m.outbox, outbox)])
+        store.outbox_written.set()
+        return _out(row), False
     try:
         async with store.write() as conn:
-            if idempotency_key:
-                prior = await _replay(conn, principal, idempotency_key, print_)
-                if prior is not None:
-                    return prior, True
+            prior = await _replay(conn, principal, idempotency_key, print_)
+            if prior is not None:
+                return prior, True
             await conn.execute(sa.insert(m.workloads).values(row))
-            await _note(
-                conn,
-                workload_id,
-                WorkloadState.pending,
-                f"created by {principal.username}",
-                request_id,
-                now,
-            )
-            await enqueue(
-                conn,
-                _intent(IntentAction.create, row),
-                request_id=request_id,
-                traceparent=traceparent,
-            )
-            if idempotency_key:
-                await conn.execute(
-                    sa.insert(m.idempotency_keys).values(
-                        tenant_id=principal.tenant_id,
-                        key=idempotency_key,
-                        fingerprint=print_,
-                        workload_id=workload_id,
-                        created_at=now,
-                    )
+            await conn.execute(sa.insert(m.timeline).values(entry))
+            await conn.execute(sa.insert(m.outbox).values(outbox))
+            await conn.execute(
+                sa.insert(m.idempotency_keys).values(
+                    tenant_id=principal.tenant_id,
+                    key=idempotency_key,
+                    fingerprint=print_,
+                    workload_id=workload_id,
+                    created_at=now,
                 )
+            )
     except IntegrityError:
-        if not idempotency_key:
-            raise
         # The same key committed by a concurrent request (Postgres): answer with its result.
         async with store.read() as conn:
             prior = await _replay(conn, principal, idempotency_key, print_)
@@ -251,24 +246,18 @@ async def create(
     return _out(row), False
 
 
-async def _note(
-    conn: AsyncConnection,
-    workload_id: str,
-    state: WorkloadState,
-    reason: str,
-    request_id: str,
-    at: Any,
-) -> None:
-    await conn.execute(
-        sa.insert(m.timeline).values(
-            workload_id=workload_id,
-            at=at,
-            kind=EventKind.transition.value,
-            state=state.value,
-            reason=reason,
-            request_id=request_id,
-        )
-    )
+def _entry(
+    workload_id: str, state: WorkloadState, reason: str, request_id: str, at: datetime
+) -> dict[str, Any]:
+    """A timeline entry for a transition the user's action made."""
+    return {
+        "workload_id": workload_id,
+        "at": at,
+        "kind": EventKind.transition.value,
+        "state": state.value,
+        "reason": reason,
+        "request_id": request_id,
+    }
 
 
 _ACTION_REASONS = {
@@ -309,13 +298,9 @@ async def act(
             .where(m.workloads.c.id == workload_id)
             .values(state=target.value, updated_at=now)
         )
-        await _note(
-            conn,
-            workload_id,
-            target,
-            _ACTION_REASONS[action].format(principal.username),
-            request_id,
-            now,
+        reason = _ACTION_REASONS[action].format(principal.username)
+        await conn.execute(
+            sa.insert(m.timeline).values(_entry(workload_id, target, reason, request_id, now))
         )
         await enqueue(
             conn, _intent(action, found._mapping), request_id=request_id, traceparent=traceparent

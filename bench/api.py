@@ -1,0 +1,158 @@
+"""The control API under load: POST /v1/workloads throughput and GET /v1/workloads latency.
+
+Runs `einsora api` as its own process (SQLite store, an embedded nats-server with
+`sync_interval: always`), as a deployment would, and drives it from this process over
+kept-alive HTTP connections:
+- POST /v1/workloads: 10,000 launches from concurrent clients, requests/s (each writes the
+  workload, its timeline entry and its outbox row in one transaction; the relay publishes the
+  intents meanwhile, and the time until the outbox is empty is reported too);
+- GET /v1/workloads?limit=50 with those 10,000 workloads in the store: p50/p99, one client.
+Targets on a 2-core machine: POST >= 500/s, GET p99 <= 20 ms. Figures, never pass/fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import aiohttp
+from _harness import report, summary_ms
+
+from einsora.common.embedded_nats import EmbeddedNats
+
+WORKLOADS = 10_000
+CONCURRENCY = 16
+GETS = 2_000
+_LISTENING = re.compile(r"listening on (http://\S+)")
+
+
+def start_api(nats_url: str, data_dir: Path) -> tuple[subprocess.Popen[str], str]:
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "einsora.api.command",
+            "--nats",
+            nats_url,
+            "--port",
+            "0",
+            "--data-dir",
+            str(data_dir),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "EINSORA_LOG_LEVEL": "WARNING"},
+    )
+    assert process.stderr is not None
+    for line in process.stderr:
+        match = _LISTENING.search(line)
+        if match:
+            return process, match[1]
+    raise SystemExit(f"einsora api did not start (exit {process.wait()})")
+
+
+async def post_workloads(session: aiohttp.ClientSession, url: str) -> float:
+    body = {"kind": "notebook", "class": "cpu-1c-2g", "spec": {"image": "jupyter/base"}}
+    remaining = iter(range(WORKLOADS))
+
+    async def worker() -> None:
+        for _ in remaining:
+            async with session.post(url + "/v1/workloads", json=body) as resp:
+                await resp.read()
+                if resp.status != 201:
+                    raise SystemExit(f"POST answered {resp.status}")
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+    return WORKLOADS / (time.perf_counter() - t0)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time a process has used so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def unsent(db: Path) -> int:
+    with sqlite3.connect(db) as conn:
+        return int(conn.execute("SELECT count(*) FROM outbox WHERE sent_at IS NULL").fetchone()[0])
+
+
+async def wait_for_outbox(db: Path) -> float:
+    t0 = time.perf_counter()
+    while unsent(db):
+        await asyncio.sleep(0.05)
+    return time.perf_counter() - t0
+
+
+async def get_pages(session: aiohttp.ClientSession, url: str) -> list[float]:
+    samples = []
+    for _ in range(GETS):
+        t0 = time.perf_counter()
+        async with session.get(url + "/v1/workloads", params={"limit": "50"}) as resp:
+            body = await resp.json()
+        samples.append(time.perf_counter() - t0)
+        assert len(body["items"]) == 50
+    return samples
+
+
+async def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats", port=0) as nats:
+        data_dir = Path(tmp) / "data"
+        process, url = start_api(nats.url, data_dir)
+        try:
+            token = (data_dir / "owner.token").read_text().strip()
+            headers = {"Authorization": f"Bearer {token}"}
+            connector = aiohttp.TCPConnector(limit=CONCURRENCY)
+            async with aiohttp.ClientSession(headers=headers, connector=connector) as session:
+                cpu0 = cpu_seconds(process.pid)
+                post_rate = await post_workloads(session, url)
+                drain_s = await wait_for_outbox(data_dir / "einsora.db")
+                post_cpu_ms = (cpu_seconds(process.pid) - cpu0) * 1000 / WORKLOADS
+                cpu0 = cpu_seconds(process.pid)
+                gets = summary_ms(await get_pages(session, url))
+                get_cpu_ms = (cpu_seconds(process.pid) - cpu0) * 1000 / GETS
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=30)
+    figures = {
+        "post_workloads_per_s": round(post_rate),
+        "post_concurrency": CONCURRENCY,
+        "outbox_drained_after_posts_s": round(drain_s, 3),
+        "api_cpu_per_post_ms": round(post_cpu_ms, 3),
+        "api_cpu_per_get_ms": round(get_cpu_ms, 3),
+        "get_workloads_limit50_p50_ms": gets["p50"],
+        "get_workloads_limit50_p99_ms": gets["p99"],
+        "workloads_in_store": WORKLOADS,
+    }
+    report(
+        "api",
+        [
+            (
+                f"POST /v1/workloads ({WORKLOADS:,}, {CONCURRENCY} clients)",
+                f"{post_rate:,.0f} requests/s (target >= 500)",
+            ),
+            ("outbox empty after the last POST", f"{drain_s:.3f} s"),
+            ("api process CPU per POST (relay included)", f"{post_cpu_ms:.3f} ms"),
+            (
+                f"GET /v1/workloads?limit=50 ({GETS:,}, one client)",
+                f"p50 {gets['p50']} ms, p99 {gets['p99']} ms (target p99 <= 20)",
+            ),
+            ("api process CPU per GET", f"{get_cpu_ms:.3f} ms"),
+        ],
+        figures,
+    )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
