@@ -60,7 +60,8 @@ async def _victim(api: RunningApi) -> Victim:
     return Victim(tenant_id, running.body["id"], parked.body["id"], token.body["id"], client)
 
 
-async def test_another_tenants_objects_answer_404_on_every_route(api: RunningApi) -> None:
+async def test_another_tenants_objects_answer_404_on_every_route(api_on_store: RunningApi) -> None:
+    api = api_on_store
     victim = await _victim(api)
     _, intruder = await _tenant(api, "intruder")
     before = await victim.client.get(f"/v1/workloads/{victim.workload_id}/events")

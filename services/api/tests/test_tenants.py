@@ -15,7 +15,8 @@ async def _tenant_with_admin(api: RunningApi, name: str, admin: str) -> tuple[st
     return tenant.body["id"], api.client(member.body["token"]["token"])
 
 
-async def test_operator_makes_tenants_and_admins_add_members(api: RunningApi) -> None:
+async def test_operator_makes_tenants_and_admins_add_members(api_on_store: RunningApi) -> None:
+    api = api_on_store
     tenant_id, ann = await _tenant_with_admin(api, "physics", "ann")
     me = await ann.get("/v1/me")
     assert me.body["tenant"] == {"id": tenant_id, "name": "physics"}

@@ -39,7 +39,8 @@ async def test_owner_is_made_only_on_the_first_start(api: RunningApi) -> None:
     assert api.service.owner_token_path.read_text() == before
 
 
-async def test_token_lifecycle(api: RunningApi) -> None:
+async def test_token_lifecycle(api_on_store: RunningApi) -> None:
+    api = api_on_store
     created = await api.owner.post("/v1/tokens", {"name": "laptop", "expires_in_days": 30})
     assert created.status == 201
     secret = created.body["token"]
@@ -80,7 +81,8 @@ async def test_token_lifecycle(api: RunningApi) -> None:
     assert again.status == 404
 
 
-async def test_an_expired_token_is_refused_at_once(api: RunningApi) -> None:
+async def test_an_expired_token_is_refused_at_once(api_on_store: RunningApi) -> None:
+    api = api_on_store
     created = await api.owner.post("/v1/tokens", {"name": "short", "expires_in_days": 1})
     short = api.client(created.body["token"])
     assert (await short.get("/v1/me")).status == 200

@@ -60,7 +60,8 @@ async def test_an_unsafe_request_id_is_replaced(api: RunningApi) -> None:
     assert answer.request_id.startswith("req-")
 
 
-async def test_idempotency_key_returns_the_first_result(api: RunningApi) -> None:
+async def test_idempotency_key_returns_the_first_result(api_on_store: RunningApi) -> None:
+    api = api_on_store
     key = {"Idempotency-Key": "launch-42"}
     first = await api.owner.post("/v1/workloads", NOTEBOOK, headers=key)
     again = await api.owner.post("/v1/workloads", NOTEBOOK, headers=key)
@@ -90,7 +91,8 @@ async def test_the_same_key_in_another_tenant_is_another_request(api: RunningApi
     assert hers.body["id"] != mine.body["id"]
 
 
-async def test_list_pages_with_cursors_and_filters(api: RunningApi) -> None:
+async def test_list_pages_with_cursors_and_filters(api_on_store: RunningApi) -> None:
+    api = api_on_store
     ids = []
     for i in range(7):
         kind = "vm" if i % 2 else "notebook"
@@ -118,7 +120,8 @@ async def test_list_pages_with_cursors_and_filters(api: RunningApi) -> None:
     assert [w["id"] for w in running.body["items"]] == [ids[0]]
 
 
-async def test_actions_follow_the_state_rules(api: RunningApi) -> None:
+async def test_actions_follow_the_state_rules(api_on_store: RunningApi) -> None:
+    api = api_on_store
     created = await api.owner.post("/v1/workloads", NOTEBOOK)
     wid = created.body["id"]
     # pending: neither park nor resume
