@@ -78,6 +78,16 @@ async def test_events_move_the_workload_and_fill_its_timeline_once(
     assert len(entries) == 4  # pending, scheduled, late, note
     assert [e["kind"] for e in entries if e["reason"] == "note happened"] == ["note"]
     assert {e["request_id"] for e in entries[1:]} == {"req-from-scheduler"}
+    paged: list[dict[str, str]] = []
+    cursor = None
+    while True:
+        params = {"limit": "1"} | ({"cursor": cursor} if cursor else {})
+        page = (await api.owner.get(f"{path}/events", params=params)).body
+        paged.extend(page["items"])
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert paged == entries
 
     running = _event(workload, "running", seq=3, state=WorkloadState.running)
     await _send(bus, running, "m3")
