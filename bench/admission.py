@@ -1,0 +1,293 @@
+"""Admission: how fast launches become desired state, on 1,000 sim machines.
+
+Measures, against a real embedded nats-server and a real `einsora scheduler` process (SQLite
+store): a burst of 5,000 launches (admission throughput, and latency from launch to the
+workload appearing in its machine's desired state, p50 and p99), then launches paced at 100/s
+(the same latency, unloaded), printed beside `bench/bus.py`'s floor.
+
+Two seams are stand-ins until the api and the agent land, and are meant to be swapped:
+- `Launcher`: today `IntentLauncher` publishes each launch's intent straight onto INTENTS, as
+  the api's outbox relay does; its clock starts when JetStream acknowledged the intent. An
+  `ApiLauncher` would POST /v1/workloads and start the clock when the 201 is answered.
+- `DesiredObserver`: today `KvDesiredObserver` watches every `<machine>.desired` key; a real
+  sim agent (`einsora agent --driver sim --sim-machines 1000`) would report when it sees each
+  workload. The 1,000 machines' inventories are written by `KvSimMachines`, as agents would.
+The fake machines send no heartbeats, so the scheduler runs with long silence limits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _harness import load, report, summary_ms
+from nats.js import JetStreamContext
+from nats.js.api import PubAck
+from nats.js.kv import KeyValue
+
+from einsora.common.bus import connect, message_headers, names, provision
+from einsora.common.embedded_nats import EmbeddedNats
+from einsora.common.ids import new_id
+from einsora.common.schemas import Gpu, Inventory, WorkloadIntent, WorkloadKind
+
+GPU_SHARE = 0.6  # of launches ask for one l40s-48gb; the rest for cpu-2c-4g
+
+
+class Launcher(Protocol):
+    """Launches workloads; `launched` records when each launch was accepted."""
+
+    launched: dict[str, float]
+
+    async def launch(self, workload_id: str, class_name: str) -> None: ...
+
+    async def settle(self) -> None:
+        """Wait until every launch so far is accepted."""
+
+
+class DesiredObserver(Protocol):
+    """Records when each workload was first seen in a machine's desired state."""
+
+    seen: dict[str, float]
+    machines: set[str]
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class IntentLauncher:
+    """Publishes create intents as the api's outbox relay would (acks awaited together)."""
+
+    def __init__(self, js: JetStreamContext, region: str = "local") -> None:
+        self._js = js
+        self._region = region
+        self.launched: dict[str, float] = {}
+        self._pending: list[asyncio.Future[PubAck]] = []
+
+    async def launch(self, workload_id: str, class_name: str) -> None:
+        intent = WorkloadIntent.model_validate(
+            {
+                "intent_id": new_id("intent"),
+                "action": "create",
+                "workload_id": workload_id,
+                "tenant_id": "t-bench",
+                "region": self._region,
+                "kind": WorkloadKind.notebook,
+                "class": class_name,
+            }
+        )
+        future = await self._js.publish_async(
+            names.intent_subject(self._region, workload_id),
+            intent.to_bytes(),
+            headers=message_headers(request_id=new_id("request"), msg_id=intent.intent_id),
+        )
+        future.add_done_callback(
+            lambda _: self.launched.setdefault(workload_id, time.perf_counter())
+        )
+        self._pending.append(future)
+
+    async def settle(self) -> None:
+        pending, self._pending = self._pending, []
+        await asyncio.gather(*pending)
+
+
+class KvDesiredObserver:
+    """Watches every desired key, as the machines' agents would each watch their own."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self._kv = kv
+        self.seen: dict[str, float] = {}
+        self.machines: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        watcher = await self._kv.watch("*.desired")
+        self._task = asyncio.create_task(self._pump(watcher))
+
+    async def _pump(self, watcher: KeyValue.KeyWatcher) -> None:
+        async for entry in watcher:
+            if entry is None or not entry.value:
+                continue
+            now = time.perf_counter()
+            desired = json.loads(entry.value)
+            self.machines.add(desired["machine_id"])
+            for workload in desired["workloads"]:
+                self.seen.setdefault(workload["workload_id"], now)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+class KvSimMachines:
+    """Writes fake machines' inventories, as sim agents would."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self._kv = kv
+
+    async def join(self, count: int) -> None:
+        for i in range(count):
+            machine_id = f"m-sim{i:05d}"
+            inventory = Inventory(
+                machine_id=machine_id,
+                region="local",
+                hostname=machine_id,
+                os="linux",
+                arch="x86_64",
+                cpus=64,
+                memory_mib=512 * 1024,
+                gpus=[
+                    Gpu(
+                        index=g, uuid=f"GPU-{machine_id}-{g}", model="NVIDIA L40S", memory_mib=46068
+                    )
+                    for g in range(4)
+                ],
+                drivers=["sim"],
+            )
+            await self._kv.put(names.inventory_key(machine_id), inventory.to_bytes())
+
+
+async def _until(condition: Callable[[], bool], within_s: float, what: str) -> None:
+    """Wait for `condition()` with a deadline (a benchmark may poll)."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _class_of(i: int) -> str:
+    return "l40s-48gb" if i % 5 < GPU_SHARE * 5 else "cpu-2c-4g"
+
+
+async def run(machines: int, burst: int, rate: float, paced: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats", port=0) as server:
+        nc = await connect(server.url, name="bench-admission")
+        js = nc.jetstream()
+        await provision(js)
+        kv = await js.key_value(names.MACHINES.name)
+        observer: DesiredObserver = KvDesiredObserver(kv)
+        launcher: Launcher = IntentLauncher(js)
+        await KvSimMachines(kv).join(machines)
+        scheduler = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "einsora"),
+                "scheduler",
+                "--nats",
+                server.url,
+                "--database-url",
+                f"sqlite+aiosqlite:///{tmp}/scheduler.db",
+                "--suspect-after",
+                "3600",
+                "--lost-after",
+                "7200",
+                "--log-level",
+                "WARNING",
+            ],
+            stdin=subprocess.DEVNULL,
+        )
+        try:
+            await observer.start()
+            await _until(lambda: len(observer.machines) >= machines, 120, "machines known")
+
+            cpu0 = _cpu_seconds(scheduler.pid)
+            start = time.perf_counter()
+            ids = [new_id("workload") for _ in range(burst)]
+            for i, workload_id in enumerate(ids):
+                await launcher.launch(workload_id, _class_of(i))
+            await launcher.settle()
+            await _until(lambda: all(w in observer.seen for w in ids), 300, "the burst placed")
+            burst_s = max(observer.seen[w] for w in ids) - start
+            burst_cpu = _cpu_seconds(scheduler.pid) - cpu0
+            burst_lat = summary_ms([observer.seen[w] - launcher.launched[w] for w in ids])
+
+            paced_ids = [new_id("workload") for _ in range(paced)]
+            t0 = time.perf_counter()
+            for i, workload_id in enumerate(paced_ids):
+                delay = t0 + i / rate - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                await launcher.launch(workload_id, _class_of(i))
+            await launcher.settle()
+            await _until(lambda: all(w in observer.seen for w in paced_ids), 60, "paced placed")
+            paced_lat = summary_ms([observer.seen[w] - launcher.launched[w] for w in paced_ids])
+        finally:
+            await observer.stop()
+            scheduler.terminate()
+            scheduler.wait(30)
+            await nc.close()
+
+    throughput = burst / burst_s
+    bus = load("bus")
+    figures = {
+        "machines": machines,
+        "burst": burst,
+        "admissions_per_s": round(throughput),
+        "burst_latency_p50_ms": burst_lat["p50"],
+        "burst_latency_p99_ms": burst_lat["p99"],
+        "scheduler_cpu_ms_per_admission": round(burst_cpu / burst * 1000, 3),
+        "paced_rate_per_s": rate,
+        "paced_latency_p50_ms": paced_lat["p50"],
+        "paced_latency_p99_ms": paced_lat["p99"],
+        "bus_kv_watch_p50_ms": bus["kv_watch_p50_ms"] if bus else None,
+        "bus_kv_watch_p99_ms": bus["kv_watch_p99_ms"] if bus else None,
+        "bus_js_publish_pipelined_per_s": bus["js_publish_pipelined_per_s"] if bus else None,
+    }
+    floor = (
+        f"KV put→watch p50 {bus['kv_watch_p50_ms']} ms, p99 {bus['kv_watch_p99_ms']} ms; "
+        f"publish {bus['js_publish_pipelined_per_s']:,}/s pipelined"
+        if bus
+        else "not measured on this checkout (run bench/bus.py first)"
+    )
+    report(
+        "admission",
+        [
+            ("sim machines (4x l40s-48gb, 64 cpu each)", f"{machines:,}"),
+            (
+                f"burst of {burst:,} launches ({GPU_SHARE:.0%} l40s-48gb, rest cpu-2c-4g)",
+                f"{throughput:,.0f} admissions/s ({burst_s:.2f} s)",
+            ),
+            (
+                "  launch → in desired state",
+                f"p50 {burst_lat['p50']} ms, p99 {burst_lat['p99']} ms",
+            ),
+            ("  scheduler CPU per admission", f"{burst_cpu / burst * 1000:.3f} ms"),
+            (
+                f"paced at {rate:g}/s ({paced:,} launches)",
+                f"p50 {paced_lat['p50']} ms, p99 {paced_lat['p99']} ms",
+            ),
+            ("bus floor (bench/bus.py)", floor),
+            ("launches via", "intents on INTENTS (api outbox stand-in); seen via KV desired watch"),
+        ],
+        figures,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--machines", type=int, default=1000)
+    parser.add_argument("--burst", type=int, default=5000)
+    parser.add_argument("--rate", type=float, default=100.0, help="paced launches per second")
+    parser.add_argument("--paced", type=int, default=1000, help="paced launches")
+    args = parser.parse_args()
+    asyncio.run(run(args.machines, args.burst, args.rate, args.paced))
+
+
+if __name__ == "__main__":
+    main()

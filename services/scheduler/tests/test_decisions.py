@@ -1,0 +1,165 @@
+"""The decisions as plain functions over the book, without a server: best fit, the capacity
+index, strict order within a pool, and how silence is judged."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from einsora.common.catalog import Catalog
+from einsora.common.schemas import Gpu, GpuHealth, Inventory, WorkloadKind, WorkloadState, utcnow
+from einsora.scheduler.admission import admit
+from einsora.scheduler.book import Book
+from einsora.scheduler.capacity import CPU_POOL, CapacityIndex, Demand, fit, gpus_by_class
+from einsora.scheduler.model import Liveness, Machine, Workload
+from einsora.scheduler.observe import next_liveness
+
+CATALOG = Catalog.load()
+
+
+def _inventory(machine_id: str, gpus: int = 0, cpus: int = 16, memory_gib: int = 64) -> Inventory:
+    return Inventory(
+        machine_id=machine_id,
+        region="local",
+        hostname=machine_id,
+        os="linux",
+        arch="x86_64",
+        cpus=cpus,
+        memory_mib=memory_gib * 1024,
+        gpus=[
+            Gpu(index=i, uuid=f"{machine_id}-g{i}", model="NVIDIA L40S", memory_mib=46068)
+            for i in range(gpus)
+        ],
+    )
+
+
+def _book(*machines: Inventory) -> Book:
+    book = Book("local", CATALOG)
+    for inventory in machines:
+        book.add_machine(Machine(inventory.machine_id, "local", inventory, generation=1), new=False)
+    return book
+
+
+def _workload(class_name: str, count: int = 1, age_s: float = 0) -> Workload:
+    return Workload(
+        workload_id=f"w-{class_name}-{count}-{age_s}",
+        tenant_id="t-1",
+        region="local",
+        kind=WorkloadKind.notebook,
+        class_name=class_name,
+        count=count,
+        spec={},
+        state=WorkloadState.pending,
+        access_token="token",
+        created_at=utcnow(),
+        pending_since=utcnow() - timedelta(seconds=age_s),
+    )
+
+
+def _admit(book: Book, workload: Workload) -> str | None:
+    book.add_workload(workload)
+    demand = book.demand_of(workload)
+    assert demand is not None
+    admit(book, workload, demand)
+    return workload.machine_id if workload.state is WorkloadState.scheduled else None
+
+
+def test_demands_of_gpu_and_cpu_classes() -> None:
+    gpu = Demand.of(CATALOG.get("l40s-48gb"), 2)  # type: ignore[arg-type]
+    cpu = Demand.of(CATALOG.get("cpu-2c-4g"), 3)  # type: ignore[arg-type]
+    assert (gpu.gpu, gpu.count, gpu.pool) == (True, 2, "l40s-48gb")
+    assert (cpu.gpu, cpu.cpus, cpu.memory_mib, cpu.pool) == (False, 6, 12288, CPU_POOL)
+
+
+def test_quarantined_and_unknown_devices_are_not_offered() -> None:
+    inventory = _inventory("m-1", gpus=3).model_copy(
+        update={
+            "gpus": [
+                Gpu(index=0, uuid="a", model="NVIDIA L40S", memory_mib=46068),
+                Gpu(
+                    index=1,
+                    uuid="b",
+                    model="NVIDIA L40S",
+                    memory_mib=46068,
+                    health=GpuHealth.quarantined,
+                ),
+                Gpu(index=2, uuid="c", model="Some Future GPU", memory_mib=1),
+            ]
+        }
+    )
+    assert gpus_by_class(inventory, CATALOG) == {"l40s-48gb": ["a"]}
+
+
+def test_best_fit_takes_the_fullest_machine_that_fits() -> None:
+    book = _book(_inventory("m-4", gpus=4), _inventory("m-2", gpus=2), _inventory("m-1", gpus=1))
+    assert _admit(book, _workload("l40s-48gb", 2, 3)) == "m-2"
+    assert _admit(book, _workload("l40s-48gb", 1, 2)) == "m-1"
+    assert _admit(book, _workload("l40s-48gb", 3, 1)) == "m-4"
+    assert _admit(book, _workload("l40s-48gb", 1, 0)) == "m-4"
+    booked = [u for m in book.machines.values() for u in m.booked_gpus()]
+    assert len(booked) == len(set(booked)) == 7
+
+
+def test_cpu_best_fit_needs_cores_and_memory() -> None:
+    book = _book(
+        _inventory("m-wide", cpus=32, memory_gib=8), _inventory("m-deep", cpus=8, memory_gib=64)
+    )
+    # m-wide has the cores but not the memory.
+    assert _admit(book, _workload("cpu-8c-32g", 1, 1)) == "m-deep"
+    assert _admit(book, _workload("cpu-2c-4g", 1, 0)) == "m-wide"
+
+
+def test_a_pool_is_strictly_first_in_first_out() -> None:
+    book = _book(_inventory("m-1", gpus=2))
+    holder = _workload("l40s-48gb", 1, 10)
+    assert _admit(book, holder) == "m-1"
+    big = _workload("l40s-48gb", 2, 5)
+    small = _workload("l40s-48gb", 1, 1)
+    assert _admit(book, big) is None
+    # One device is free, but the older 2-device request comes first.
+    assert _admit(book, small) is None
+    assert [w.workload_id for w in book.queue["l40s-48gb"]] == [big.workload_id, small.workload_id]
+    # Another pool is not blocked.
+    assert _admit(book, _workload("cpu-1c-2g")) == "m-1"
+
+
+def test_a_request_no_machine_could_ever_hold_does_not_block_its_pool() -> None:
+    book = _book(_inventory("m-1", gpus=2))
+    huge = _workload("l40s-48gb", 8, 5)
+    assert _admit(book, huge) is None
+    assert "(the largest has 2)" in huge.reason
+    assert _admit(book, _workload("l40s-48gb", 1, 1)) == "m-1"
+
+
+def test_capacity_index_files_only_placeable_machines() -> None:
+    book = _book(_inventory("m-1", gpus=2))
+    machine = book.machines["m-1"]
+    index = CapacityIndex()
+    index.update(machine)
+    demand = Demand.of(CATALOG.get("l40s-48gb"), 1)  # type: ignore[arg-type]
+    assert index.best_fit(demand) == "m-1"
+    assert fit(machine, demand) is not None
+    machine.liveness = Liveness.suspect
+    index.update(machine)
+    assert index.best_fit(demand) is None
+    machine.liveness = Liveness.alive
+    machine.settle_generation = 5
+    index.update(machine)
+    assert index.best_fit(demand) is None  # back, but has not applied what stops its old work
+
+
+@pytest.mark.parametrize(
+    ("current", "silent", "expected"),
+    [
+        (Liveness.alive, 10, Liveness.alive),
+        (Liveness.alive, 30, Liveness.suspect),
+        (Liveness.suspect, 119, Liveness.suspect),
+        (Liveness.suspect, 120, Liveness.lost),
+        (Liveness.alive, 500, Liveness.lost),
+        (Liveness.lost, 60, Liveness.lost),  # only a report brings it back
+        (Liveness.lost, 1, Liveness.alive),
+    ],
+)
+def test_silence_is_judged_by_time(current: Liveness, silent: float, expected: Liveness) -> None:
+    assert next_liveness(current, silent, 30, 120) is expected
