@@ -27,6 +27,7 @@ ATTEMPTS: list[tuple[str, str, str, object]] = [
     ("POST", "/v1/workloads/{id}/resume", "parked_id", None),
     ("DELETE", "/v1/workloads/{id}", "workload_id", None),
     ("GET", "/v1/workloads/{id}/events", "workload_id", None),
+    ("POST", "/v1/workloads/{id}/access", "workload_id", None),
     ("DELETE", "/v1/tokens/{id}", "token_id", None),
     ("POST", "/v1/tenants/{id}/members", "tenant_id", {"username": "mallory", "role": "admin"}),
     ("GET", "/v1/tenants/{id}/members", "tenant_id", None),

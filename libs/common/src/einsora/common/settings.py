@@ -40,6 +40,13 @@ class Settings(BaseSettings):
     gateway_port: int = Field(default=8082, ge=0, le=65535)
     nats_port: int = Field(default=4222, ge=0, le=65535)
     bind_host: str = "127.0.0.1"
+    proxy_domain: str = Field(
+        default="localhost",
+        description="Workload sites are w-<id>.<proxy_domain> (a wildcard DNS name in Lab)",
+    )
+    proxy_tls: bool = Field(
+        default=False, description="Sites are served over TLS (by a front that terminates it)"
+    )
     log_level: str = "INFO"
     log_format: str = Field(default="json", pattern="^(json|text)$")
 

@@ -1,5 +1,5 @@
 """The api's tables (SQLAlchemy Core): tenants, users, members, API tokens, workloads, timeline,
-outbox and idempotency keys.
+outbox, idempotency keys and access tickets.
 
 The api owns these tables and no other service reads them (DESIGN.md). Every time is stored in
 UTC and read back timezone-aware; the migrations in `migrations/versions` create exactly this
@@ -154,4 +154,20 @@ idempotency_keys = sa.Table(
     sa.Column("fingerprint", sa.String(64), nullable=False),
     sa.Column("workload_id", ID, sa.ForeignKey("workloads.id"), nullable=False),
     sa.Column("created_at", UtcDateTime(), nullable=False),
+)
+
+access_tickets = sa.Table(
+    "access_tickets",
+    metadata,
+    sa.Column("id", ID, primary_key=True),
+    sa.Column("secret_sha256", sa.String(64), nullable=False, unique=True),
+    sa.Column("workload_id", ID, sa.ForeignKey("workloads.id"), nullable=False),
+    sa.Column("tenant_id", ID, sa.ForeignKey("tenants.id"), nullable=False),
+    sa.Column("user_id", ID, sa.ForeignKey("users.id"), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+    sa.Column("expires_at", UtcDateTime(), nullable=False),
+    sa.Column("redeemed_at", UtcDateTime(), nullable=True),
+    sa.Column("mint_request_id", sa.String(64), nullable=False),
+    sa.Column("redeem_request_id", sa.String(64), nullable=True),
+    sa.Index(None, "workload_id"),
 )

@@ -13,7 +13,8 @@ import contextlib
 import errno
 import logging
 import socket
-from collections.abc import Generator
+from collections.abc import Callable, Generator
+from datetime import datetime
 from pathlib import Path
 
 import uvicorn
@@ -24,11 +25,13 @@ from einsora.api.bootstrap import OWNER_TOKEN_FILE, ensure_owner
 from einsora.api.context import ApiContext
 from einsora.api.machines import MachinesView
 from einsora.api.outbox import OutboxRelay
+from einsora.api.redeemer import TicketRedeemer
 from einsora.api.store import Store
 from einsora.api.timeline import TimelineConsumer
 from einsora.common.bus import connect, provision
 from einsora.common.catalog import Catalog
 from einsora.common.errors import PortInUse
+from einsora.common.schemas import utcnow
 from einsora.common.settings import Settings
 
 log = logging.getLogger("einsora.api")
@@ -54,9 +57,12 @@ class ApiService:
         catalog: Catalog | None = None,
         port: int | None = None,
         host: str | None = None,
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.settings = settings
         self.catalog = catalog or Catalog.load()
+        self.clock = clock
+        self._redeemer: TicketRedeemer | None = None
         self._wanted_port = settings.api_port if port is None else port
         self._host = host or settings.bind_host
         self.port: int | None = None
@@ -94,6 +100,8 @@ class ApiService:
             await self._machines.start(self.nc, js)
             self.relay = OutboxRelay(self.store, self.nc, js)
             await self.relay.start()
+            self._redeemer = TicketRedeemer(self.store, self.nc, clock=self._now)
+            await self._redeemer.start()
             nc = self.nc
             ctx = ApiContext(
                 settings=self.settings,
@@ -101,6 +109,7 @@ class ApiService:
                 catalog=self.catalog,
                 machines=self._machines,
                 bus_connected=lambda: nc.is_connected,
+                clock=self._now,
             )
             config = uvicorn.Config(
                 create_app(ctx),
@@ -124,6 +133,10 @@ class ApiService:
             raise
         log.info("api listening", extra={"url": self.url})
 
+    def _now(self) -> datetime:
+        # Looked up at each call, so a test can swap `clock` on a running service.
+        return self.clock()
+
     async def stop(self) -> None:
         server, serving = self._server, self._serving
         self._server = self._serving = None
@@ -131,6 +144,9 @@ class ApiService:
             server.should_exit = True
             with contextlib.suppress(Exception):
                 await serving
+        if self._redeemer is not None:
+            await self._redeemer.stop()
+            self._redeemer = None
         if self.relay is not None:
             await self.relay.stop()
             self.relay = None

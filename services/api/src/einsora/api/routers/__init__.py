@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from einsora.api.operation import Operation
-from einsora.api.routers import catalog, health, tenants, tokens, workloads
+from einsora.api.routers import access, catalog, health, tenants, tokens, workloads
 
 
 def all_operations() -> list[Operation]:
@@ -12,5 +12,6 @@ def all_operations() -> list[Operation]:
         *tenants.OPERATIONS,
         *tokens.OPERATIONS,
         *workloads.OPERATIONS,
+        *access.OPERATIONS,
         *catalog.OPERATIONS,
     ]
