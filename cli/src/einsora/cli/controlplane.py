@@ -1,9 +1,9 @@
 """Every service of Einsora in one process, in order: what Solo runs, and what end-to-end tests
 start on free ports.
 
-Order matters only for start-up speed and clean stops: NATS first, then the api (which owns the
-store and creates the owner), the scheduler, the proxy, and last the agent; stopping goes in
-reverse, so the agent stops watching before the scheduler goes away. The services still talk only
+Order: NATS first, then the proxy (so the api's access links name its real port), the api
+(which owns the store and creates the owner), the scheduler, and last the agent; stopping goes
+in reverse, so the agent stops watching before the scheduler goes away. The services still talk only
 over NATS.
 """
 
@@ -84,14 +84,18 @@ class ControlPlane:
             # Services connect to the server we started, wherever it listens.
             self.settings = self.settings.model_copy(update={"nats_url": self.nats.url})
         s = self.settings
+        # The proxy first: the api's access links name the port it really listens on.
+        self.proxy = ProxyService(s)
+        await self._start(self.proxy)
+        if s.proxy_port == 0:
+            s = s.model_copy(update={"proxy_port": self.proxy.port})
         self.api = ApiService(s)
         await self._start(self.api)
         if s.api_port == 0:
             s = s.model_copy(update={"api_port": self.api_port})
+        self.settings = s
         self.scheduler = SchedulerService(s)
         await self._start(self.scheduler)
-        self.proxy = ProxyService(s)
-        await self._start(self.proxy)
         self.agent = AgentService(s, driver=self._agent_driver, **self._agent_options)
         await self._start(self.agent)
 

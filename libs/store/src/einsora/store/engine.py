@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,11 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
             + ", ".join(_SUPPORTED)
         )
     if is_sqlite(parsed):
+        # aiosqlite logs every statement with its parameters at DEBUG, and parameters include
+        # secrets (a workload's own token): never let those lines exist.
+        quiet = logging.getLogger("aiosqlite")
+        if quiet.getEffectiveLevel() < logging.INFO or quiet.level < logging.INFO:
+            quiet.setLevel(logging.INFO)
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(parsed, **kwargs)

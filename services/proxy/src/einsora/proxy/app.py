@@ -161,9 +161,10 @@ async def _enter(
     session_id = state.sessions.create(workload_id, reply.tenant_id, reply.user_id)
     log.info("ticket redeemed", extra={"tenant": reply.tenant_id})
     default = "/lab" if kind is WorkloadKind.notebook else "/"
-    response = web.HTTPSeeOther(
-        safe_next(request.query.get("next"), default),
+    response = web.Response(
+        status=303,
         headers={
+            "Location": safe_next(request.query.get("next"), default),
             "X-Request-ID": request_id,
             "Cache-Control": "no-store",
             "Referrer-Policy": "no-referrer",
