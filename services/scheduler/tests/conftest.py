@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
+import pytest
 import pytest_asyncio
 from nats.aio.msg import Msg
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
@@ -94,6 +95,10 @@ class Sim:
         self._watchers: list[Any] = []
 
     async def start(self) -> None:
+        """Follow the bus from the beginning (a restart re-reads everything)."""
+        self.events.clear()
+        self.event_headers.clear()
+
         async def on_event(msg: Msg) -> None:
             event = WorkloadEvent.from_bytes(msg.data)
             self.events.setdefault(event.workload_id, []).append(event)
@@ -301,12 +306,26 @@ class Sim:
         await self.machines.put(names.observed_key(machine_id), observed.to_bytes())
 
 
-@pytest_asyncio.fixture
-async def sim(bus: Bus) -> AsyncIterator[Sim]:
+async def new_sim(bus: Bus) -> Sim:
     machines = await bus.js.key_value(names.MACHINES.name)
     routes = await bus.js.key_value(names.ROUTES.name)
     s = Sim(bus, machines, routes)
     await s.start()
+    return s
+
+
+NewSim = Callable[[Bus], Awaitable[Sim]]
+
+
+@pytest.fixture
+def sim_on() -> NewSim:
+    """Makes a started `Sim` on another bus (a test's own server); the test stops it."""
+    return new_sim
+
+
+@pytest_asyncio.fixture
+async def sim(bus: Bus) -> AsyncIterator[Sim]:
+    s = await new_sim(bus)
     yield s
     await s.stop()
 

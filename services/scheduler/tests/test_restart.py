@@ -9,22 +9,27 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import nats.errors
 import pytest
 import sqlalchemy as sa
 from nats.js.api import PubAck
 from nats.js.errors import NotFoundError
 
-from einsora.common.bus import message_headers, names
+from einsora.common.bus import connect, message_headers, names, provision
+from einsora.common.embedded_nats import EmbeddedNats
 from einsora.common.ids import new_id
 from einsora.common.schemas import DesiredState, WorkloadIntent, WorkloadKind
-from einsora.common.testing import subprocess_env
+from einsora.common.settings import Settings
+from einsora.common.testing import Bus, subprocess_env
+from einsora.scheduler import SchedulerService
 from einsora.store import create_engine
 
 if TYPE_CHECKING:
-    from services.scheduler.tests.conftest import Sim, StartScheduler
+    from services.scheduler.tests.conftest import NewSim, Sim, StartScheduler
 
 
 async def test_a_restarted_scheduler_carries_on_from_its_store(
@@ -214,3 +219,56 @@ async def _all_desired(sim: Sim) -> list[DesiredState]:
             if entry.value:
                 found.append(DesiredState.from_bytes(entry.value))
     return found
+
+
+async def test_a_nats_restart_mid_flight_loses_nothing(
+    own_nats_server: EmbeddedNats, sqlite_url: str, sim_on: NewSim
+) -> None:
+    nc = await connect(own_nats_server.url, name="test")
+    js = nc.jetstream()
+    await provision(js)
+    sim = await sim_on(Bus(nc, js, own_nats_server.url))
+    service = SchedulerService(
+        Settings(nats_url=own_nats_server.url, database_url=sqlite_url, region="local"),
+        tick_s=0.1,
+        audit_s=0.3,
+    )
+    await service.start()
+    try:
+        await sim.join("m-1", gpus=2)
+        first = await sim.launch()
+        await sim.wait_state(first, "scheduled")
+
+        own_nats_server.kill()
+        own_nats_server.start()
+        # The test's own ordered consumers take long to notice the restart: follow anew.
+        await _retrying(sim.stop)
+        await _retrying(sim.start)
+
+        second = new_id("workload")
+        await _retrying(lambda: sim.intent("create", second, intent_id=f"in-{second}"))
+        await sim.wait_state(second, "scheduled", within_s=5)
+        await _retrying(lambda: sim.report("m-1", {first: "running", second: "starting"}))
+        await sim.wait_state(first, "running", within_s=5)
+        await sim.wait_state(second, "starting", within_s=5)
+        uuids = [u for w in sim.desired["m-1"].workloads for u in w.resources.gpus]  # type: ignore[union-attr]
+        assert sorted(uuids) == ["GPU-m-1-0", "GPU-m-1-1"]
+    finally:
+        await service.stop()
+        await sim.stop()
+        await nc.close()
+
+
+async def _retrying(call: Callable[[], Awaitable[object]], within_s: float = 20) -> None:
+    """Retry a publish (with the same message id) while the server comes back."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    never = asyncio.Event()
+    while True:
+        try:
+            await call()
+            return
+        except (TimeoutError, nats.errors.Error):
+            assert loop.time() < deadline, "the server did not come back"
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(never.wait(), 0.1)

@@ -107,6 +107,7 @@ class SchedulerService:
         await engine.load()
         engine.start()
         self._watch = MachinesWatch(
+            self._nc,
             js,
             on_snapshot=self._on_snapshot,
             on_key=engine.submit_key,

@@ -5,7 +5,9 @@ with a snapshot of every key's latest value, then follows changes. Because the b
 projection, it may be deleted: an audit checks the bucket's stream every few seconds, recreates
 it when it is gone (`provision`), and restarts the watch with a fresh snapshot when the stream
 is a new one, so the engine rewrites every desired state from the store. The audit also lists
-which desired keys exist, because a key purged from the stream leaves no trace a watch sees.
+which desired keys exist, because a key purged from the stream leaves no trace a watch sees, and
+restarts the watch after the client reconnected (nats-py's ordered consumer otherwise takes tens
+of seconds to notice that a restarted server forgot it).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import nats.errors
+from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
@@ -57,6 +60,7 @@ class MachinesWatch:
 
     def __init__(
         self,
+        nc: NATS,
         js: JetStreamContext,
         *,
         on_snapshot: Callable[[list[MachineKey]], Awaitable[None]],
@@ -64,7 +68,9 @@ class MachinesWatch:
         on_present: Callable[[set[str]], None],
         audit_s: float = 2.0,
     ) -> None:
+        self._nc = nc
         self._js = js
+        self._reconnects = 0
         self._on_snapshot = on_snapshot
         self._on_key = on_key
         self._on_present = on_present
@@ -87,6 +93,7 @@ class MachinesWatch:
         await self._unwatch()
 
     async def _watch(self) -> None:
+        self._reconnects = self._nc.stats["reconnects"]
         kv = await self._js.key_value(names.MACHINES.name)
         info = await self._js.stream_info(names.MACHINES.stream)
         self._created = info.created
@@ -143,6 +150,11 @@ class MachinesWatch:
             info = await self._js.stream_info(names.MACHINES.stream)
         if info.created != self._created:
             log.warning("the machines bucket is new; rereading it and rewriting desired states")
+            await self._unwatch()
+            await self._watch()
+            return
+        if self._nc.stats["reconnects"] != self._reconnects:
+            log.info("reconnected to NATS; rereading the machines bucket")
             await self._unwatch()
             await self._watch()
             return
