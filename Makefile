@@ -39,7 +39,7 @@ test: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy libs services cli bench
+	$(BIN)/mypy libs services cli bench tests
 	$(BIN)/lint-imports
 
 bench: setup
