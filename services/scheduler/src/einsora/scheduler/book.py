@@ -57,6 +57,8 @@ class Changes:
     new_workloads: set[str] = field(default_factory=set)
     workloads: dict[str, Workload] = field(default_factory=dict)
     rows: dict[tuple[str, str], Row | None] = field(default_factory=dict)
+    new_rows: set[tuple[str, str]] = field(default_factory=set)
+    """Rows the store has never had: inserted without deleting first."""
     intents: list[ProcessedIntent] = field(default_factory=list)
     events: list[OutboxEvent] = field(default_factory=list)
     routes: dict[str, Route | None] = field(default_factory=dict)
@@ -124,16 +126,24 @@ class Book:
             self.touch(machine)
 
     def set_row(self, machine: Machine, row: Row) -> None:
+        key = (machine.machine_id, row.workload_id)
+        if row.workload_id not in machine.rows and key not in self.changes.rows:
+            self.changes.new_rows.add(key)
         row.since_generation = self.touch(machine)
         machine.rows[row.workload_id] = row
-        self.changes.rows[(machine.machine_id, row.workload_id)] = row
+        self.changes.rows[key] = row
         self.index.update(machine)
 
     def drop_row(self, machine: Machine, workload_id: str) -> None:
         if machine.rows.pop(workload_id, None) is None:
             return
         self.touch(machine)
-        self.changes.rows[(machine.machine_id, workload_id)] = None
+        key = (machine.machine_id, workload_id)
+        if key in self.changes.new_rows:
+            self.changes.new_rows.discard(key)
+            del self.changes.rows[key]  # never stored: nothing to delete
+        else:
+            self.changes.rows[key] = None
         self.index.update(machine)
         self.changes.capacity_freed = True
 

@@ -193,7 +193,12 @@ class Engine:
             log.exception("a decision failed; rebuilding the book from the store")
             await self._rebuild()
             raise
+        # Outbox rows of published events are forgotten with the next decisions, or on a tick
+        # when nothing else is decided: never a commit of their own per cycle.
+        ticked = any(isinstance(i, _Tick) for i in items)
         published = list(self.projector.published)
+        if not (changes.to_store or ticked or len(published) >= 4096):
+            published = []
         if changes.to_store or published:
             try:
                 await self.store.commit(changes, published)
@@ -230,9 +235,8 @@ class Engine:
         self, intents: list[tuple[WorkloadIntent, str | None]]
     ) -> list[tuple[WorkloadIntent, str | None]]:
         """Drop intents processed before (a redelivery) and creates of forgotten workloads."""
-        seen = await self.store.seen_intents([i.intent_id for i, _ in intents])
         unknown = [i.workload_id for i, _ in intents if i.workload_id not in self.book.workloads]
-        known = await self.store.states_of(unknown) if unknown else {}
+        seen, known = await self.store.screen([i.intent_id for i, _ in intents], unknown)
         fresh = []
         for intent, request_id in intents:
             if intent.intent_id in seen or intent.workload_id in known:

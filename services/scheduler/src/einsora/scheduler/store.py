@@ -95,9 +95,13 @@ class SchedulerStore:
             ]
         return Snapshot(list(machines.values()), list(workloads.values()), outbox)
 
-    async def seen_intents(self, intent_ids: Sequence[str]) -> set[str]:
-        """Which of these intents were processed already."""
+    async def screen(
+        self, intent_ids: Sequence[str], workload_ids: Sequence[str]
+    ) -> tuple[set[str], dict[str, WorkloadState]]:
+        """Which of these intents were processed already, and which of these workloads the
+        store knows (with their state), in one round trip to the database."""
         seen: set[str] = set()
+        states: dict[str, WorkloadState] = {}
         async with self.engine.connect() as conn:
             for chunk in _chunks(intent_ids):
                 result = await conn.execute(
@@ -106,20 +110,13 @@ class SchedulerStore:
                     )
                 )
                 seen.update(result.scalars())
-        return seen
+            states = await _states_of(conn, workload_ids)
+        return seen, states
 
     async def states_of(self, workload_ids: Sequence[str]) -> dict[str, WorkloadState]:
         """The state of each of these workloads that the store knows."""
-        found: dict[str, WorkloadState] = {}
         async with self.engine.connect() as conn:
-            for chunk in _chunks(workload_ids):
-                result = await conn.execute(
-                    sa.select(t.workloads.c.workload_id, t.workloads.c.state).where(
-                        t.workloads.c.workload_id.in_(chunk)
-                    )
-                )
-                found.update({r.workload_id: WorkloadState(r.state) for r in result})
-        return found
+            return await _states_of(conn, workload_ids)
 
     # --- writing ----------------------------------------------------------------------------
 
@@ -163,9 +160,19 @@ class SchedulerStore:
                     [{"b_id": event_id} for event_id in published],
                 )
 
-    async def forget_published(self, published: Sequence[str]) -> None:
-        if published:
-            await self.commit(Changes(), published)
+
+async def _states_of(
+    conn: AsyncConnection, workload_ids: Sequence[str]
+) -> dict[str, WorkloadState]:
+    found: dict[str, WorkloadState] = {}
+    for chunk in _chunks(workload_ids):
+        result = await conn.execute(
+            sa.select(t.workloads.c.workload_id, t.workloads.c.state).where(
+                t.workloads.c.workload_id.in_(chunk)
+            )
+        )
+        found.update({r.workload_id: WorkloadState(r.state) for r in result})
+    return found
 
 
 async def _save_machines(conn: AsyncConnection, changes: Changes) -> None:
@@ -240,7 +247,13 @@ def _workload_values(w: Workload) -> dict[str, Any]:
 async def _save_rows(conn: AsyncConnection, changes: Changes) -> None:
     if not changes.rows:
         return
-    keys = [{"b_m": m, "b_w": w} for (m, w) in changes.rows]
+    keys = [{"b_m": m, "b_w": w} for (m, w) in changes.rows if (m, w) not in changes.new_rows]
+    if keys:
+        await _delete_rows(conn, keys)
+    await _insert_rows(conn, changes)
+
+
+async def _delete_rows(conn: AsyncConnection, keys: list[dict[str, str]]) -> None:
     await conn.execute(
         t.gpu_bookings.delete().where(
             t.gpu_bookings.c.machine_id == sa.bindparam("b_m"),
@@ -255,6 +268,9 @@ async def _save_rows(conn: AsyncConnection, changes: Changes) -> None:
         ),
         keys,
     )
+
+
+async def _insert_rows(conn: AsyncConnection, changes: Changes) -> None:
     present = [(m, row) for (m, _), row in changes.rows.items() if row is not None]
     if present:
         await conn.execute(
