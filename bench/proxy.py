@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _harness import RESULTS_DIR, report, summary_ms
 
+from einsora.common import runloop
 from einsora.common.bus import connect, names, provision
 from einsora.common.embedded_nats import EmbeddedNats
 from einsora.common.ids import new_id
@@ -196,4 +197,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    runloop.run(main())

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from einsora.cli.controlplane import ControlPlane, check_ports
-from einsora.common import logs
+from einsora.common import logs, runloop
 from einsora.common.errors import EinsoraError
 from einsora.common.settings import Settings
 
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     except EinsoraError as exc:
         print(f"einsora solo: {exc.message}", file=sys.stderr)
         return 1
-    return asyncio.run(_serve(settings))
+    return runloop.run(_serve(settings))
 
 
 async def _serve(settings: Settings) -> int:

@@ -7,7 +7,7 @@ import asyncio
 import signal
 from pathlib import Path
 
-from einsora.common import logs
+from einsora.common import logs, runloop
 from einsora.common.settings import Settings
 from einsora.proxy.service import ProxyService
 
@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = {"nats_url": args.nats, "proxy_port": args.port, "data_dir": args.data_dir}
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     logs.configure(settings.log_level, settings.log_format)
-    return asyncio.run(_serve(ProxyService(settings, domain=args.domain, tls=args.tls)))
+    return runloop.run(_serve(ProxyService(settings, domain=args.domain, tls=args.tls)))
 
 
 async def _serve(service: ProxyService) -> int:
