@@ -170,6 +170,22 @@ class Sim:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), min(remaining, 0.25))
 
+    async def eventually(
+        self, check: Callable[[], Awaitable[T | None]], within_s: float, what: str
+    ) -> T:
+        """Poll an async condition with a deadline (state no watcher here follows)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        never = asyncio.Event()
+        while True:
+            result = await check()
+            if result:
+                return result
+            if loop.time() > deadline:
+                raise AssertionError(f"timed out after {within_s} s waiting for {what}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(never.wait(), 0.05)
+
     def event(self, workload_id: str, state: str) -> WorkloadEvent | None:
         for event in self.events.get(workload_id, []):
             if event.state.value == state and event.kind.value == "transition":

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from einsora.common.bus import names
 from einsora.common.ids import new_id
 from einsora.common.schemas import utcnow
 
@@ -208,3 +209,26 @@ async def test_park_before_placement_and_nonsense_intents_leave_notes(
     await sim.intent("park", workload)
     await sim.until(lambda: len(sim.notes(workload)) == 2)
     assert sim.notes(workload)[1] == "nothing to park: the workload is parked"
+
+
+async def test_a_bad_intent_is_refused_and_the_rest_go_on(
+    sim: Sim, start_scheduler: StartScheduler, sqlite_url: str
+) -> None:
+    await sim.join("m-1", gpus=2)
+    await start_scheduler(sqlite_url)
+    bad = new_id("workload")
+    await sim.bus.js.publish(
+        names.intent_subject("local", bad), b"{not an intent", headers={"Nats-Msg-Id": bad}
+    )
+    # A valid intent on another workload's subject is refused too.
+    stray = await sim.intent("create", new_id("workload"))
+    await sim.bus.js.publish(
+        names.intent_subject("local", bad),
+        stray.to_bytes(),
+        headers={"Nats-Msg-Id": f"{bad}-stray"},
+    )
+    good = await sim.launch()
+    await sim.wait_state(good, "scheduled")
+    assert bad not in sim.events
+    info = await sim.bus.js.consumer_info(names.INTENTS.name, "scheduler-local")
+    assert info.num_ack_pending == 0

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
@@ -14,23 +12,6 @@ from einsora.common.schemas import DesiredState
 
 if TYPE_CHECKING:
     from services.scheduler.tests.conftest import Sim, StartScheduler
-
-T = TypeVar("T")
-
-
-async def eventually(check: Callable[[], Awaitable[T | None]], within_s: float, what: str) -> T:
-    """Poll an async condition with a deadline (for state no watcher of ours can follow)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    never = asyncio.Event()
-    while True:
-        result = await check()
-        if result:
-            return result
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {within_s} s waiting for {what}")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(never.wait(), 0.05)
 
 
 async def test_a_silent_machine_is_suspect_then_lost_then_reconciled_when_back(
@@ -138,7 +119,7 @@ async def test_a_deleted_machines_bucket_is_recreated_and_rebuilt(
                 return DesiredState.from_bytes(entry.value)
         return None
 
-    desired = await eventually(rebuilt, within_s=10, what="desired state rewritten")
+    desired = await sim.eventually(rebuilt, within_s=10, what="desired state rewritten")
     assert [w.workload_id for w in desired.workloads] == [first]
     assert desired.workloads[0] == before
     # The machine is still known to the store: new work still lands on it.
@@ -165,3 +146,25 @@ async def test_unreadable_machine_values_are_ignored(
     workload = await sim.launch("l40s-48gb", 8)
     queued = await sim.wait_state(workload, "queued")
     assert "(the largest has 1)" in queued.reason
+
+
+async def test_a_quarantined_gpu_fails_the_workload_using_it(
+    sim: Sim, start_scheduler: StartScheduler, sqlite_url: str
+) -> None:
+    await sim.join("m-1", gpus=2)
+    await start_scheduler(sqlite_url)
+    workload = await sim.launch()
+    await sim.wait_state(workload, "scheduled")
+    await sim.report("m-1", {workload: "running"})
+    await sim.wait_state(workload, "running")
+
+    await sim.join("m-1", gpus=2, quarantined=(0,))
+    failed = await sim.wait_state(workload, "failed")
+    assert failed.reason.startswith("GPU GPU-m-1-0 on m-1 is quarantined or gone")
+    await sim.until(lambda: sim.route_gone(workload), what="route deleted")
+    # The healthy device is given again; the quarantined one never.
+    again = await sim.launch()
+    await sim.wait_state(again, "scheduled")
+    assert sim.entry("m-1", again).resources.gpus == ["GPU-m-1-1"]  # type: ignore[union-attr]
+    third = await sim.launch()
+    await sim.wait_state(third, "queued")

@@ -13,16 +13,18 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import asyncpg
 import nats.errors
 import pytest
 import sqlalchemy as sa
 from nats.js.api import PubAck
 from nats.js.errors import NotFoundError
+from sqlalchemy.engine import make_url
 
 from einsora.common.bus import connect, message_headers, names, provision
 from einsora.common.embedded_nats import EmbeddedNats
 from einsora.common.ids import new_id
-from einsora.common.schemas import DesiredState, WorkloadIntent, WorkloadKind
+from einsora.common.schemas import DesiredState, Route, WorkloadIntent, WorkloadKind
 from einsora.common.settings import Settings
 from einsora.common.testing import Bus, subprocess_env
 from einsora.scheduler import SchedulerService
@@ -272,3 +274,73 @@ async def _retrying(call: Callable[[], Awaitable[object]], within_s: float = 20)
             assert loop.time() < deadline, "the server did not come back"
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(never.wait(), 0.1)
+
+
+async def test_stale_routes_are_deleted_at_start(
+    sim: Sim, start_scheduler: StartScheduler, sqlite_url: str
+) -> None:
+    await sim.join("m-1", gpus=1)
+    first = await start_scheduler(sqlite_url)
+    workload = await sim.launch()
+    await sim.wait_state(workload, "scheduled")
+    await first.stop()
+    # As if it had crashed between recording a stop and deleting the route.
+    stale = Route(
+        workload_id=workload,
+        tenant_id="t-test",
+        kind=WorkloadKind.notebook,
+        machine_id="m-1",
+        host="127.0.0.1",
+        port=1,
+    )
+    await sim.routes_kv.put(names.route_key(workload), stale.to_bytes())
+    foreign = stale.model_copy(update={"workload_id": "w-of-another-region"})
+    await sim.routes_kv.put(names.route_key("w-of-another-region"), foreign.to_bytes())
+    await sim.until(lambda: sim.routes.get(workload), what="stale route seen")
+
+    await start_scheduler(sqlite_url)
+    await sim.until(lambda: sim.route_gone(workload), what="stale route deleted")
+    assert sim.routes.get("w-of-another-region") == foreign
+
+
+@pytest.mark.postgres
+async def test_a_store_outage_is_ridden_out_without_losing_or_repeating_a_decision(
+    sim: Sim, start_scheduler: StartScheduler, postgres_url: str
+) -> None:
+    await sim.join("m-1", gpus=8)
+    await start_scheduler(postgres_url)
+    first = await sim.launch()
+    await sim.wait_state(first, "scheduled")
+
+    database = make_url(postgres_url).database
+    admin_dsn = (
+        make_url(postgres_url)
+        .set(drivername="postgresql", database="postgres")
+        .render_as_string(hide_password=False)
+    )
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+        await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1",
+            database,
+        )
+        later = [await sim.launch() for _ in range(3)]
+        await sim.report("m-1", {first: "running"})
+
+        async def retried() -> bool:
+            info = await sim.bus.js.consumer_info(names.INTENTS.name, "scheduler-local")
+            return bool(info.num_redelivered > 0)
+
+        await sim.eventually(retried, within_s=20, what="an intent retried")
+    finally:
+        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        await admin.close()
+
+    for w in later:
+        await sim.wait_state(w, "scheduled", within_s=20)
+    await sim.wait_state(first, "running", within_s=20)
+    for w in [first, *later]:
+        assert [e.state.value for e in sim.events[w]].count("scheduled") == 1
+    uuids = [u for w in sim.desired["m-1"].workloads for u in w.resources.gpus]  # type: ignore[union-attr]
+    assert len(uuids) == len(set(uuids)) == 4

@@ -69,7 +69,14 @@ class _Present:
     machine_ids: set[str]
 
 
-_Input = _Intents | _Snapshot | MachineKey | _Tick | _Present
+@dataclass
+class _Replay:
+    """Machines' latest values applied again after a reload, judged by their own heartbeat."""
+
+    keys: list[MachineKey]
+
+
+_Input = _Intents | _Snapshot | MachineKey | _Tick | _Present | _Replay
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,7 @@ class Engine:
         self._max_inputs = max_inputs_per_cycle
         self._latest: dict[tuple[str, str], MachineKey] = {}
         self._failures = 0
+        self._stale = False
         self._task: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
 
@@ -141,6 +149,8 @@ class Engine:
         await item.done
 
     def submit_key(self, key: MachineKey) -> None:
+        if key.kind != "desired" and not key.deleted:
+            self._latest[(key.machine_id, key.kind)] = key
         self._queue.put_nowait(key)
 
     def submit_present(self, machine_ids: set[str]) -> None:
@@ -174,24 +184,34 @@ class Engine:
             try:
                 await self._cycle(items)
             except Exception as exc:
-                log.warning("cycle failed; its intents will be retried", extra={"error": repr(exc)})
+                self._failures += 1
+                log.warning(
+                    "cycle failed; its intents will be retried",
+                    extra={"error": repr(exc), "failures": self._failures},
+                )
                 for future in waiting:
                     if not future.done():
                         future.set_exception(CycleFailed(f"not yet recorded: {exc!r}"))
+                # Back off while the store or the bus is away, rather than spin.
+                await asyncio.sleep(min(0.05 * 2**self._failures, 2.0))
                 continue
+            self._failures = 0
             for future in waiting:
                 if not future.done():
                     future.set_result(None)
 
     async def _cycle(self, items: list[_Input]) -> None:
+        if self._stale:
+            await self._reload()
         changes = self.book.begin()
         intents = [pair for i in items if isinstance(i, _Intents) for pair in i.intents]
-        fresh = await self._fresh(intents) if intents else []
         try:
+            fresh = await self._fresh(intents) if intents else []
             self._decide(items, fresh)
         except Exception:
-            log.exception("a decision failed; rebuilding the book from the store")
-            await self._rebuild()
+            log.exception("deciding failed; the book is rebuilt from the store")
+            self._stale = True
+            self._requeue(items)
             raise
         # Outbox rows of published events are forgotten with the next decisions, or on a tick
         # when nothing else is decided: never a commit of their own per cycle.
@@ -203,11 +223,11 @@ class Engine:
             try:
                 await self.store.commit(changes, published)
             except Exception:
-                log.exception("store commit failed; rebuilding the book from the store")
-                await self._rebuild()
+                log.exception("store commit failed; the book is rebuilt from the store")
+                self._stale = True
+                self._requeue(items)
                 raise
             del self.projector.published[: len(published)]
-        self._failures = 0
         self.projector.take(changes)
         if self.projector.pending:
             await self.projector.flush(self.book)
@@ -226,6 +246,9 @@ class Engine:
                 )
             elif isinstance(item, _Present):
                 self._rewrite_missing(item.machine_ids)
+            elif isinstance(item, _Replay):
+                for key in item.keys:
+                    self._apply_key(key, now, live=False)
         for intent, request_id in fresh:
             apply_intent(self.book, intent, request_id)
         if changes.capacity_freed:
@@ -245,17 +268,20 @@ class Engine:
             fresh.append((intent, request_id))
         return fresh
 
-    async def _rebuild(self) -> None:
-        """Back to what the store holds, then the machines' latest values again.
-
-        The values are replayed only a few times in a row, so a value that makes a decision
-        fail cannot keep the loop busy for ever.
-        """
+    async def _reload(self) -> None:
+        """Back to what the store holds (the failed cycle's decisions were never committed),
+        then the machines' latest values again, which the failed cycle may have applied."""
         await self.load()
-        self._failures += 1
-        if self._failures <= 3:
-            for key in self._latest.values():
-                self._queue.put_nowait(key)
+        self._stale = False
+        self._queue.put_nowait(_Replay(list(self._latest.values())))
+
+    def _requeue(self, items: list[_Input]) -> None:
+        """Machine values a failed cycle had not yet cached are given another cycle."""
+        for item in items:
+            if isinstance(item, _Present) or (
+                isinstance(item, MachineKey) and (item.kind == "desired" or item.deleted)
+            ):
+                self._queue.put_nowait(item)
 
     # --- machine keys -----------------------------------------------------------------------
 
