@@ -96,6 +96,8 @@ async def test_sigkill_during_a_burst_of_launches_places_each_exactly_once(
         store_url,
         "--batch",
         "16",
+        "--ack-wait",
+        "3",
         "--log-format",
         "text",
     ]

@@ -59,6 +59,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="N",
         help="intents fetched and decided together, in one transaction (default 256)",
     )
+    parser.add_argument(
+        "--ack-wait",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long intents fetched by a scheduler that died wait before redelivery "
+        "(default 30)",
+    )
     parser.add_argument("--log-level", help="EINSORA_LOG_LEVEL (default INFO)")
     parser.add_argument("--log-format", choices=["json", "text"], help="EINSORA_LOG_FORMAT")
     parser.set_defaults(func=run)
@@ -87,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         suspect_after_s=args.suspect_after,
         lost_after_s=args.lost_after,
         batch=args.batch,
+        ack_wait_s=args.ack_wait,
     )
     return asyncio.run(serve(service))
 

@@ -53,6 +53,7 @@ class SchedulerService:
         tick_s: float = 1.0,
         audit_s: float = 2.0,
         batch: int = 256,
+        ack_wait_s: float = 30.0,
         publish_timeout_s: float = 5.0,
     ) -> None:
         try:
@@ -72,6 +73,7 @@ class SchedulerService:
         self.timing = Timing(suspect_after_s, lost_after_s, tick_s)
         self._audit_s = audit_s
         self._batch = batch
+        self._ack_wait_s = ack_wait_s
         self._publish_timeout_s = publish_timeout_s
         self._nc: NATS | None = None
         self._store: SchedulerStore | None = None
@@ -100,6 +102,7 @@ class SchedulerService:
         await provision(js)
         self._store = SchedulerStore(self.settings.effective_database_url)
         await self._store.migrate()
+        await self._store.forget_old_intents()
         routes = await js.key_value(names.ROUTES.name)
         projector = Projector(js, routes, publish_timeout_s=self._publish_timeout_s)
         engine = Engine(self.region, self.catalog, self._store, projector, self.timing)
@@ -128,6 +131,7 @@ class SchedulerService:
             handler=self._on_intent,
             batch_handler=self._on_intents,
             batch=self._batch,
+            ack_wait=self._ack_wait_s,
         )
         await self._consumer.start()
         log.info("scheduler ready", extra={"region": self.region})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ from einsora.store import create_engine, upgrade
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "alembic_version_scheduler"
+INTENT_MEMORY = timedelta(days=8)
+"""How long a processed intent's id is kept: longer than INTENTS keeps a message (7 days)."""
 
 
 @dataclass
@@ -54,6 +57,16 @@ class SchedulerStore:
 
     async def close(self) -> None:
         await self.engine.dispose()
+
+    async def forget_old_intents(self, older_than: timedelta = INTENT_MEMORY) -> int:
+        """Forget processed intents JetStream can no longer redeliver (INTENTS keeps 7 days)."""
+        async with self.engine.begin() as conn:
+            result = await conn.execute(
+                t.processed_intents.delete().where(
+                    t.processed_intents.c.processed_at < utcnow() - older_than
+                )
+            )
+        return int(result.rowcount or 0)
 
     # --- reading ----------------------------------------------------------------------------
 
