@@ -232,3 +232,31 @@ async def test_a_bad_intent_is_refused_and_the_rest_go_on(
     assert bad not in sim.events
     info = await sim.bus.js.consumer_info(names.INTENTS.name, "scheduler-local")
     assert info.num_ack_pending == 0
+
+
+async def test_a_removal_the_agent_cannot_finish_fails_and_can_be_retried(
+    sim: Sim, start_scheduler: StartScheduler, sqlite_url: str
+) -> None:
+    await sim.join("m-1", gpus=1)
+    await start_scheduler(sqlite_url)
+    workload = await sim.launch()
+    await sim.wait_state(workload, "scheduled")
+    await sim.intent("remove", workload)
+    await sim.wait_state(workload, "removing")
+    await sim.report(
+        "m-1", {workload: "failed"}, reasons={workload: "its directory could not be deleted"}
+    )
+    failed = await sim.wait_state(workload, "failed")
+    assert failed.reason == "failed on m-1: its directory could not be deleted"
+    # The device is free again: the process is stopped.
+    other = await sim.launch()
+    await sim.wait_state(other, "scheduled")
+
+    await sim.intent("remove", workload)
+    await sim.until(
+        lambda: [e.state.value for e in sim.events[workload]].count("removing") == 2,
+        what="removing again",
+    )
+    await sim.report("m-1", {other: "starting"})
+    removed = await sim.wait_state(workload, "removed")
+    assert removed.reason == "removed from m-1; its working directory is deleted"

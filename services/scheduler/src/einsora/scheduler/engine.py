@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
+from einsora.common import logs
 from einsora.common.catalog import Catalog
 from einsora.common.errors import EinsoraError
 from einsora.common.schemas import Inventory, ObservedState, WorkloadIntent, WorkloadState, utcnow
@@ -250,7 +251,8 @@ class Engine:
                 for key in item.keys:
                     self._apply_key(key, now, live=False)
         for intent, request_id in fresh:
-            apply_intent(self.book, intent, request_id)
+            with logs.bind(request_id=request_id, tenant=intent.tenant_id):
+                apply_intent(self.book, intent, request_id)
         if changes.capacity_freed:
             admit_queued(self.book)
 

@@ -112,12 +112,19 @@ def _observe_row(
 ) -> None:
     here = workload is not None and workload.machine_id == machine.machine_id
     if row.target is Target.removed:
+        removing = here and workload is not None and workload.state is WorkloadState.removing
         if seen is None or seen.phase is ObservedPhase.removed:
             book.drop_row(machine, row.workload_id)
-            if here and workload is not None and workload.state is WorkloadState.removing:
+            if removing and workload is not None:
                 book.transition(
                     workload, WorkloadState.removed, reasons.removed(machine.machine_id)
                 )
+        elif seen.phase is ObservedPhase.failed and removing and workload is not None:
+            # Stopped but not cleaned up: the row stays, so a later remove tries again.
+            book.release(machine, row, Target.removed)
+            book.transition(
+                workload, WorkloadState.failed, reasons.failed(machine.machine_id, seen.reason)
+            )
         return
     if not here or workload is None:
         return
