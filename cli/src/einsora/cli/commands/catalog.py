@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import getpass
 import os
+import sys
 from typing import Any
 
 from einsora.cli import render
-from einsora.cli.client import ApiClient
+from einsora.cli.client import ApiClient, ApiRefused
 from einsora.cli.config import save_login
 
 
@@ -49,7 +50,17 @@ def _machines(client: ApiClient, args: argparse.Namespace) -> int:
 
 
 def _usage(client: ApiClient, args: argparse.Namespace) -> int:
-    usage = client.get("/v1/usage")
+    try:
+        usage = client.get("/v1/usage")
+    except ApiRefused as exc:
+        if exc.status != 404:
+            raise
+        print(
+            "einsora: this control plane has no usage accounting yet (GET /v1/usage answered "
+            f"404; request ID {exc.request_id})",
+            file=sys.stderr,
+        )
+        return 1
     # Accounting's figures are nested per tenant and resource; JSON is the readable form too.
     render.as_json(usage)
     return 0
