@@ -87,7 +87,11 @@ async def _serve(settings: Settings) -> int:
 def _greet(plane: ControlPlane, settings: Settings) -> None:
     url = f"http://127.0.0.1:{plane.api_port}"
     token_file = settings.data_dir / "owner.token"
-    lines = [f"Einsora Solo is running: {url}"]
+    lines = [
+        f"Einsora Solo is running: {url}",
+        f"  API {url}/v1 (OpenAPI at {url}/openapi.json); the web dashboard is not built yet,",
+        "  so use the `einsora` CLI (next to this Python) for now.",
+    ]
     token = plane.owner_token_created
     if token:
         lines += [
