@@ -5,14 +5,15 @@ store): a burst of 5,000 launches (admission throughput, and latency from launch
 workload appearing in its machine's desired state, p50 and p99), then launches paced at 100/s
 (the same latency, unloaded), printed beside `bench/bus.py`'s floor.
 
-Two seams are stand-ins until the api and the agent land, and are meant to be swapped:
-- `Launcher`: today `IntentLauncher` publishes each launch's intent straight onto INTENTS, as
-  the api's outbox relay does; its clock starts when JetStream acknowledged the intent. An
+Seams meant to be swapped as the other services land:
+- `Launcher`: `IntentLauncher` publishes each launch's intent straight onto INTENTS, as the
+  api's outbox relay does; its clock starts when JetStream acknowledged the intent. An
   `ApiLauncher` would POST /v1/workloads and start the clock when the 201 is answered.
-- `DesiredObserver`: today `KvDesiredObserver` watches every `<machine>.desired` key; a real
-  sim agent (`einsora agent --driver sim --sim-machines 1000`) would report when it sees each
-  workload. The 1,000 machines' inventories are written by `KvSimMachines`, as agents would.
-The fake machines send no heartbeats, so the scheduler runs with long silence limits.
+- Machines: by default `KvSimMachines` writes 1,000 inventories as agents would (they send no
+  heartbeats, so the scheduler runs with long silence limits); `--agent` runs a real sim agent
+  instead (`einsora agent --sim-machines N`), and then also measures launch → the agent
+  reporting the workload in its observed state (`KvObservedObserver`).
+- `KvDesiredObserver` watches every `<machine>.desired` key: the moment an agent can see it.
 """
 
 from __future__ import annotations
@@ -130,6 +131,32 @@ class KvDesiredObserver:
             self._task.cancel()
 
 
+class KvObservedObserver:
+    """Watches every observed key: when an agent first reports each workload."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self._kv = kv
+        self.seen: dict[str, float] = {}
+        self.machines: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        watcher = await self._kv.watch("*.observed")
+        self._task = asyncio.create_task(self._pump(watcher))
+
+    async def _pump(self, watcher: KeyValue.KeyWatcher) -> None:
+        async for entry in watcher:
+            if entry is None or not entry.value:
+                continue
+            now = time.perf_counter()
+            for workload in json.loads(entry.value)["workloads"]:
+                self.seen.setdefault(workload["workload_id"], now)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
 class KvSimMachines:
     """Writes fake machines' inventories, as sim agents would."""
 
@@ -176,34 +203,49 @@ def _class_of(i: int) -> str:
     return "l40s-48gb" if i % 5 < GPU_SHARE * 5 else "cpu-2c-4g"
 
 
-async def run(machines: int, burst: int, rate: float, paced: int) -> None:
+def _spawn(tmp: str, url: str, *args: str) -> subprocess.Popen[bytes]:
+    command = [str(Path(sys.executable).parent / "einsora"), *args, "--nats", url]
+    env = {**os.environ, "EINSORA_LOG_LEVEL": "WARNING"}
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env)
+
+
+async def run(machines: int, burst: int, rate: float, paced: int, agent: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats", port=0) as server:
         nc = await connect(server.url, name="bench-admission")
         js = nc.jetstream()
         await provision(js)
         kv = await js.key_value(names.MACHINES.name)
         observer: DesiredObserver = KvDesiredObserver(kv)
+        reported = KvObservedObserver(kv)
         launcher: Launcher = IntentLauncher(js)
-        await KvSimMachines(kv).join(machines)
-        scheduler = subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "einsora"),
-                "scheduler",
-                "--nats",
-                server.url,
-                "--database-url",
-                f"sqlite+aiosqlite:///{tmp}/scheduler.db",
-                "--suspect-after",
-                "3600",
-                "--lost-after",
-                "7200",
-                "--log-level",
-                "WARNING",
-            ],
-            stdin=subprocess.DEVNULL,
-        )
+        processes = []
+        silence = [] if agent else ["--suspect-after", "3600", "--lost-after", "7200"]
+        database = f"sqlite+aiosqlite:///{tmp}/scheduler.db"
+        if agent:
+            processes.append(
+                _spawn(
+                    tmp,
+                    server.url,
+                    "agent",
+                    "--machine-id",
+                    "m-sim",
+                    "--sim-machines",
+                    str(machines),
+                    "--sim-inventory",
+                    "4x l40s-48gb, 64 cpu, 512 GiB",
+                    "--sim-start-delay",
+                    "0",
+                    "--data-dir",
+                    f"{tmp}/agent",
+                )
+            )
+        else:
+            await KvSimMachines(kv).join(machines)
+        scheduler = _spawn(tmp, server.url, "scheduler", "--database-url", database, *silence)
+        processes.append(scheduler)
         try:
             await observer.start()
+            await reported.start()
             await _until(lambda: len(observer.machines) >= machines, 120, "machines known")
 
             cpu0 = _cpu_seconds(scheduler.pid)
@@ -216,6 +258,9 @@ async def run(machines: int, burst: int, rate: float, paced: int) -> None:
             burst_s = max(observer.seen[w] for w in ids) - start
             burst_cpu = _cpu_seconds(scheduler.pid) - cpu0
             burst_lat = summary_ms([observer.seen[w] - launcher.launched[w] for w in ids])
+            if agent:
+                await _until(lambda: all(w in reported.seen for w in ids), 300, "burst reported")
+                burst_agent = summary_ms([reported.seen[w] - launcher.launched[w] for w in ids])
 
             paced_ids = [new_id("workload") for _ in range(paced)]
             t0 = time.perf_counter()
@@ -227,10 +272,17 @@ async def run(machines: int, burst: int, rate: float, paced: int) -> None:
             await launcher.settle()
             await _until(lambda: all(w in observer.seen for w in paced_ids), 60, "paced placed")
             paced_lat = summary_ms([observer.seen[w] - launcher.launched[w] for w in paced_ids])
+            if agent:
+                await _until(lambda: all(w in reported.seen for w in paced_ids), 60, "reported")
+                paced_agent = summary_ms(
+                    [reported.seen[w] - launcher.launched[w] for w in paced_ids]
+                )
         finally:
             await observer.stop()
-            scheduler.terminate()
-            scheduler.wait(30)
+            await reported.stop()
+            for process in reversed(processes):
+                process.terminate()
+                process.wait(30)
             await nc.close()
 
     throughput = burst / burst_s
@@ -245,10 +297,29 @@ async def run(machines: int, burst: int, rate: float, paced: int) -> None:
         "paced_rate_per_s": rate,
         "paced_latency_p50_ms": paced_lat["p50"],
         "paced_latency_p99_ms": paced_lat["p99"],
+        "machines_from": "sim agent" if agent else "inventories in KV",
         "bus_kv_watch_p50_ms": bus["kv_watch_p50_ms"] if bus else None,
         "bus_kv_watch_p99_ms": bus["kv_watch_p99_ms"] if bus else None,
         "bus_js_publish_pipelined_per_s": bus["js_publish_pipelined_per_s"] if bus else None,
     }
+    agent_rows: list[tuple[str, str]] = []
+    if agent:
+        figures |= {
+            "burst_to_agent_report_p50_ms": burst_agent["p50"],
+            "burst_to_agent_report_p99_ms": burst_agent["p99"],
+            "paced_to_agent_report_p50_ms": paced_agent["p50"],
+            "paced_to_agent_report_p99_ms": paced_agent["p99"],
+        }
+        agent_rows = [
+            (
+                "burst: launch → the agent reports it",
+                f"p50 {burst_agent['p50']} ms, p99 {burst_agent['p99']} ms",
+            ),
+            (
+                "paced: launch → the agent reports it",
+                f"p50 {paced_agent['p50']} ms, p99 {paced_agent['p99']} ms",
+            ),
+        ]
     floor = (
         f"KV put→watch p50 {bus['kv_watch_p50_ms']} ms, p99 {bus['kv_watch_p99_ms']} ms; "
         f"publish {bus['js_publish_pipelined_per_s']:,}/s pipelined"
@@ -273,7 +344,9 @@ async def run(machines: int, burst: int, rate: float, paced: int) -> None:
                 f"p50 {paced_lat['p50']} ms, p99 {paced_lat['p99']} ms",
             ),
             ("bus floor (bench/bus.py)", floor),
+            *agent_rows,
             ("launches via", "intents on INTENTS (api outbox stand-in); seen via KV desired watch"),
+            ("machines from", "a sim agent process" if agent else "inventories written to KV"),
         ],
         figures,
     )
@@ -285,8 +358,11 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=5000)
     parser.add_argument("--rate", type=float, default=100.0, help="paced launches per second")
     parser.add_argument("--paced", type=int, default=1000, help="paced launches")
+    parser.add_argument(
+        "--agent", action="store_true", help="machines from a real sim agent process"
+    )
     args = parser.parse_args()
-    asyncio.run(run(args.machines, args.burst, args.rate, args.paced))
+    asyncio.run(run(args.machines, args.burst, args.rate, args.paced, args.agent))
 
 
 if __name__ == "__main__":

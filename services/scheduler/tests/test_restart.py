@@ -215,9 +215,14 @@ async def _until_settled(sim: Sim, workloads: dict[str, int]) -> None:
 
 
 async def _all_desired(sim: Sim) -> list[DesiredState]:
+    """Every desired state in the bucket, read key by key (the stream lists the keys)."""
     kv = await sim.bus.js.key_value(names.MACHINES.name)
+    info = await sim.bus.js.stream_info(
+        names.MACHINES.stream, subjects_filter=names.MACHINES.key_subject(">")
+    )
     found = []
-    for key in await kv.keys():
+    for subject in info.state.subjects or {}:
+        key = subject.removeprefix(names.MACHINES.subject_prefix)
         if key.endswith(".desired"):
             entry = await kv.get(key)
             if entry.value:

@@ -14,22 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from dataclasses import dataclass, field
 
-from pydantic import ValidationError
-
 from einsora.common import logs
 from einsora.common.catalog import Catalog
 from einsora.common.errors import EinsoraError
-from einsora.common.schemas import Inventory, ObservedState, WorkloadIntent, WorkloadState, utcnow
+from einsora.common.schemas import WorkloadIntent, WorkloadState
 from einsora.scheduler.admission import admit_queued
 from einsora.scheduler.book import Book
 from einsora.scheduler.intents import apply_intent
+from einsora.scheduler.machines import MachineReader
 from einsora.scheduler.model import Liveness
-from einsora.scheduler.observe import apply_inventory, apply_observed, check_liveness
+from einsora.scheduler.observe import check_liveness
 from einsora.scheduler.projection import Projector
 from einsora.scheduler.store import SchedulerStore, Snapshot
 from einsora.scheduler.watch import MachineKey
@@ -110,7 +108,7 @@ class Engine:
         self.book = Book(region, catalog)
         self._queue: asyncio.Queue[_Input] = asyncio.Queue()
         self._max_inputs = max_inputs_per_cycle
-        self._latest: dict[tuple[str, str], MachineKey] = {}
+        self.reader = MachineReader(projector)
         self._failures = 0
         self._stale = False
         self._task: asyncio.Task[None] | None = None
@@ -122,6 +120,7 @@ class Engine:
         """Rebuild the book from the store (at start, and after a failed commit)."""
         snapshot = await self.store.load(self.region)
         self.book = _book_from(snapshot, self.region, self.catalog, time.monotonic())
+        self.reader.forget_reports()
         self.projector.events = list(snapshot.outbox)
 
     def start(self) -> None:
@@ -150,8 +149,7 @@ class Engine:
         await item.done
 
     def submit_key(self, key: MachineKey) -> None:
-        if key.kind != "desired" and not key.deleted:
-            self._latest[(key.machine_id, key.kind)] = key
+        self.reader.keep(key)
         self._queue.put_nowait(key)
 
     def submit_present(self, machine_ids: set[str]) -> None:
@@ -238,18 +236,18 @@ class Engine:
         now = time.monotonic()
         for item in items:
             if isinstance(item, MachineKey):
-                self._apply_key(item, now, live=True)
+                self.reader.apply(self.book, item, now, live=True)
             elif isinstance(item, _Snapshot):
-                self._apply_snapshot(item.keys, now)
+                self.reader.apply_snapshot(self.book, item.keys, now)
             elif isinstance(item, _Tick):
                 check_liveness(
                     self.book, now, self.timing.suspect_after_s, self.timing.lost_after_s
                 )
             elif isinstance(item, _Present):
-                self._rewrite_missing(item.machine_ids)
+                self.reader.rewrite_missing(self.book, item.machine_ids)
             elif isinstance(item, _Replay):
                 for key in item.keys:
-                    self._apply_key(key, now, live=False)
+                    self.reader.apply(self.book, key, now, live=False)
         for intent, request_id in fresh:
             with logs.bind(request_id=request_id, tenant=intent.tenant_id):
                 apply_intent(self.book, intent, request_id)
@@ -275,7 +273,7 @@ class Engine:
         then the machines' latest values again, which the failed cycle may have applied."""
         await self.load()
         self._stale = False
-        self._queue.put_nowait(_Replay(list(self._latest.values())))
+        self._queue.put_nowait(_Replay(self.reader.latest_values()))
 
     def _requeue(self, items: list[_Input]) -> None:
         """Machine values a failed cycle had not yet cached are given another cycle."""
@@ -284,81 +282,6 @@ class Engine:
                 isinstance(item, MachineKey) and (item.kind == "desired" or item.deleted)
             ):
                 self._queue.put_nowait(item)
-
-    # --- machine keys -----------------------------------------------------------------------
-
-    def _apply_snapshot(self, keys: list[MachineKey], now: float) -> None:
-        self.projector.written_revision.clear()
-        in_kv: dict[str, int | None] = {}
-        for key in sorted(keys, key=lambda k: k.kind != "inventory"):
-            if key.kind == "desired":
-                in_kv[key.machine_id] = None if key.deleted else _generation(key.value)
-            else:
-                self._apply_key(key, now, live=False)
-        for machine in self.book.machines.values():
-            seen = in_kv.get(machine.machine_id)
-            if seen is not None and seen > machine.generation:
-                self.book.raise_generation_above(machine, seen)
-            if seen != machine.generation:
-                self.projector.dirty.add(machine.machine_id)
-
-    def _apply_key(self, key: MachineKey, now: float, *, live: bool) -> None:
-        if key.kind == "desired":
-            self._desired_changed(key)
-            return
-        if key.deleted:
-            return
-        self._latest[(key.machine_id, key.kind)] = key
-        try:
-            if key.kind == "inventory":
-                inventory = Inventory.from_bytes(key.value)
-                if inventory.machine_id != key.machine_id:
-                    raise ValueError("the inventory names another machine than its key")
-                apply_inventory(self.book, inventory, now)
-            else:
-                observed = ObservedState.from_bytes(key.value)
-                if observed.machine_id != key.machine_id:
-                    raise ValueError("the observed state names another machine than its key")
-                age = 0.0 if live else (utcnow() - observed.heartbeat_at).total_seconds()
-                apply_observed(self.book, observed, now - max(0.0, age))
-        except (ValidationError, ValueError) as exc:
-            log.warning(
-                "unreadable machine value ignored",
-                extra={"machine_id": key.machine_id, "kind": key.kind, "error": str(exc)},
-            )
-
-    def _rewrite_missing(self, present: set[str]) -> None:
-        missing = set(self.book.machines) - present - self.projector.dirty
-        if missing:
-            log.warning(
-                "desired states missing from the bucket; rewriting them from the store",
-                extra={"machines": len(missing)},
-            )
-            self.projector.dirty |= missing
-
-    def _desired_changed(self, key: MachineKey) -> None:
-        machine = self.book.machines.get(key.machine_id)
-        if machine is None:
-            return
-        if key.revision <= self.projector.written_revision.get(key.machine_id, 0):
-            return  # our own write coming back, or an older one
-        seen = None if key.deleted else _generation(key.value)
-        if seen is not None and seen > machine.generation:
-            self.book.raise_generation_above(machine, seen)
-        if seen != machine.generation:
-            log.warning(
-                "a desired state in KV is missing or not ours; rewriting it from the store",
-                extra={"machine_id": machine.machine_id},
-            )
-            self.projector.dirty.add(machine.machine_id)
-
-
-def _generation(value: bytes) -> int | None:
-    try:
-        generation = json.loads(value)["generation"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    return generation if isinstance(generation, int) else None
 
 
 def _book_from(snapshot: Snapshot, region: str, catalog: Catalog, now: float) -> Book:

@@ -15,7 +15,9 @@ from collections.abc import Sequence
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.errors import NoKeysError
+from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
 from einsora.common.bus import DurableConsumer, connect, names, provision, request_id_of
@@ -118,11 +120,7 @@ class SchedulerService:
             audit_s=self._audit_s,
         )
         await self._watch.start()
-        try:
-            route_keys = await routes.keys()
-        except NoKeysError:
-            route_keys = []
-        await engine.clean_routes(route_keys)
+        await engine.clean_routes(await _route_keys(js, routes))
         self._consumer = DurableConsumer(
             js,
             stream=names.INTENTS.name,
@@ -188,3 +186,19 @@ class SchedulerService:
                 f"on {msg.subject}; it is refused"
             )
         return intent, request_id_of(msg.headers)
+
+
+async def _route_keys(js: JetStreamContext, routes: KeyValue) -> list[str]:
+    """Every key of the routes bucket.
+
+    nats-py's `keys()` can answer "no keys" when the keys arrive faster than it counts them;
+    that answer is trusted only when the bucket's stream is empty.
+    """
+    for _ in range(5):
+        try:
+            return list(await routes.keys())
+        except NoKeysError:
+            info = await js.stream_info(names.ROUTES.stream)
+            if info.state.messages == 0:
+                return []
+    return []

@@ -1,0 +1,153 @@
+"""Reading the `machines` bucket into the book: inventories, observed states, desired keys.
+
+Values are checked against the key they came under (an agent's payload never decides which
+machine it is). Most observed values are only heartbeats: when a report says what the last full
+reading said, on a machine whose rows have not changed since, it only refreshes the machine's
+last sign of life. A desired key that is deleted, lags the store, or was written by someone else
+is marked for rewriting from the store.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from pydantic import ValidationError
+
+from einsora.common.schemas import Inventory, ObservedState, utcnow
+from einsora.scheduler.book import Book
+from einsora.scheduler.observe import apply_inventory, apply_observed, heartbeat
+from einsora.scheduler.projection import Projector
+from einsora.scheduler.watch import MachineKey
+
+log = logging.getLogger("einsora.scheduler.machines")
+
+
+class MachineReader:
+    """Applies machine values to a book and keeps what a reload needs to replay."""
+
+    def __init__(self, projector: Projector) -> None:
+        self.projector = projector
+        self._latest: dict[tuple[str, str], MachineKey] = {}
+        self._observed: dict[str, tuple[object, int]] = {}
+        """Each machine's last fully read report (without its heartbeat), and its generation."""
+
+    def keep(self, key: MachineKey) -> None:
+        """Remember the latest inventory and observed value of each machine."""
+        if key.kind != "desired" and not key.deleted:
+            self._latest[(key.machine_id, key.kind)] = key
+
+    def latest_values(self) -> list[MachineKey]:
+        return list(self._latest.values())
+
+    def forget_reports(self) -> None:
+        """After a reload, every report is read in full again."""
+        self._observed.clear()
+
+    def apply_snapshot(self, book: Book, keys: list[MachineKey], now: float) -> None:
+        """A snapshot of the whole bucket: values applied, desired states compared."""
+        self.projector.written_revision.clear()
+        in_kv: dict[str, int | None] = {}
+        for key in sorted(keys, key=lambda k: k.kind != "inventory"):
+            if key.kind == "desired":
+                in_kv[key.machine_id] = None if key.deleted else _generation(key.value)
+            else:
+                self.apply(book, key, now, live=False)
+        for machine in book.machines.values():
+            seen = in_kv.get(machine.machine_id)
+            if seen is not None and seen > machine.generation:
+                book.raise_generation_above(machine, seen)
+            if seen != machine.generation:
+                self.projector.dirty.add(machine.machine_id)
+
+    def apply(self, book: Book, key: MachineKey, now: float, *, live: bool) -> None:
+        """One value; `live` when just received (else judged by its own heartbeat time)."""
+        if key.kind == "desired":
+            self._desired_changed(book, key)
+            return
+        if key.deleted:
+            return
+        self.keep(key)
+        try:
+            if key.kind == "inventory":
+                inventory = Inventory.from_bytes(key.value)
+                if inventory.machine_id != key.machine_id:
+                    raise ValueError("the inventory names another machine than its key")
+                apply_inventory(book, inventory, now)
+            elif not (live and self._only_a_heartbeat(book, key, now)):
+                observed = ObservedState.from_bytes(key.value)
+                if observed.machine_id != key.machine_id:
+                    raise ValueError("the observed state names another machine than its key")
+                age = 0.0 if live else (utcnow() - observed.heartbeat_at).total_seconds()
+                apply_observed(book, observed, now - max(0.0, age))
+                self._remember_observed(book, key)
+        except (ValidationError, ValueError) as exc:
+            log.warning(
+                "unreadable machine value ignored",
+                extra={"machine_id": key.machine_id, "kind": key.kind, "error": str(exc)},
+            )
+
+    def _only_a_heartbeat(self, book: Book, key: MachineKey, now: float) -> bool:
+        """The same report as last time, but for its heartbeat, on an unchanged machine.
+
+        Every agent writes its observed state every few seconds; most of those writes say
+        nothing new, and a thousand machines' worth of full readings would hold up intents.
+        """
+        machine = book.machines.get(key.machine_id)
+        last = self._observed.get(key.machine_id)
+        if machine is None or last is None or last[1] != machine.generation:
+            return False
+        try:
+            report = json.loads(key.value)
+            report.pop("heartbeat_at", None)
+        except ValueError:
+            return False
+        if report != last[0]:
+            return False
+        heartbeat(book, machine, now)
+        return True
+
+    def _remember_observed(self, book: Book, key: MachineKey) -> None:
+        machine = book.machines.get(key.machine_id)
+        if machine is None:
+            return
+        try:
+            report = json.loads(key.value)
+        except ValueError:
+            return
+        report.pop("heartbeat_at", None)
+        self._observed[key.machine_id] = (report, machine.generation)
+
+    def rewrite_missing(self, book: Book, present: set[str]) -> None:
+        """Desired keys the audit did not find are rewritten (a purge leaves no marker)."""
+        missing = set(book.machines) - present - self.projector.dirty
+        if missing:
+            log.warning(
+                "desired states missing from the bucket; rewriting them from the store",
+                extra={"machines": len(missing)},
+            )
+            self.projector.dirty |= missing
+
+    def _desired_changed(self, book: Book, key: MachineKey) -> None:
+        machine = book.machines.get(key.machine_id)
+        if machine is None:
+            return
+        if key.revision <= self.projector.written_revision.get(key.machine_id, 0):
+            return  # our own write coming back, or an older one
+        seen = None if key.deleted else _generation(key.value)
+        if seen is not None and seen > machine.generation:
+            book.raise_generation_above(machine, seen)
+        if seen != machine.generation:
+            log.warning(
+                "a desired state in KV is missing or not ours; rewriting it from the store",
+                extra={"machine_id": machine.machine_id},
+            )
+            self.projector.dirty.add(machine.machine_id)
+
+
+def _generation(value: bytes) -> int | None:
+    try:
+        generation = json.loads(value)["generation"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return generation if isinstance(generation, int) else None
