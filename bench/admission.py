@@ -12,7 +12,9 @@ Seams meant to be swapped as the other services land:
 - Machines: by default `KvSimMachines` writes 1,000 inventories as agents would (they send no
   heartbeats, so the scheduler runs with long silence limits); `--agent` runs a real sim agent
   instead (`einsora agent --sim-machines N`), and then also measures launch → the agent
-  reporting the workload in its observed state (`KvObservedObserver`).
+  reporting the workload in its observed state (`KvObservedObserver`). nats-server 2.15 allows
+  1,000 consumers per stream unless the stream says otherwise, and each sim machine watches its
+  key through one: use `--machines 990` with `--agent` until provisioning raises the limit.
 - `KvDesiredObserver` watches every `<machine>.desired` key: the moment an agent can see it.
 """
 
