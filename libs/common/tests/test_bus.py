@@ -56,6 +56,8 @@ async def test_a_changed_setting_is_updated_in_place(bus: Bus) -> None:
 
 async def test_machines_bucket_is_declared_for_untrusted_agents(bus: Bus) -> None:
     info = await bus.js.stream_info(names.MACHINES.stream)
+    assert info.config.max_consumers is not None
+    assert info.config.max_consumers >= 10_000  # one watch per machine
     assert info.config.allow_rollup_hdrs is False
     assert info.config.allow_direct is True
     assert info.config.max_msg_size == names.MACHINES.max_value_size
@@ -187,3 +189,19 @@ def test_embedded_nats_syncs_always(tmp_path: Path) -> None:
 def test_subject_tokens_cannot_change_a_subjects_shape(bad: str) -> None:
     with pytest.raises(ValueError, match="subject token"):
         names.event_subject(bad)
+
+
+async def test_more_than_a_thousand_agents_can_watch_their_keys(
+    own_nats_server: EmbeddedNats,
+) -> None:
+    nc = await connect(own_nats_server.url, name="test")
+    js = nc.jetstream()
+    await provision(js)
+    for i in range(1010):  # the server's default cap is 1,000 consumers per stream
+        machine = f"m-{i:05d}"
+        await watch_key(
+            js, names.MACHINES, names.desired_key(machine), names.desired_watch_consumer(machine)
+        )
+    info = await js.stream_info(names.MACHINES.stream)
+    assert info.state.consumer_count == 1010
+    await nc.close()

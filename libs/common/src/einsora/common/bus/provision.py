@@ -21,6 +21,8 @@ from einsora.common.bus import names
 log = logging.getLogger("einsora.bus")
 
 _DAY = 24 * 3600.0
+MAX_WATCHERS = 100_000
+"""Consumers a KV bucket's stream allows: one per agent watching its key, and then some."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,10 @@ def stream_configs(replicas: int = 1) -> list[StreamConfig]:
             deny_delete=True,
             deny_purge=False,
             duplicate_window=120.0,
+            # Every agent watches its own key through a consumer of its own; the server's
+            # default cap (1,000 per stream, and -1 is not "unlimited") would stop the 1,001st
+            # machine of a region from ever seeing its desired state.
+            max_consumers=MAX_WATCHERS,
             num_replicas=replicas,
         )
         for b in names.BUCKETS
