@@ -1,21 +1,16 @@
-"""Admission: how fast launches become desired state, on 1,000 sim machines.
+"""Admission: how fast launches through the API become desired state, on 1,000 sim machines.
 
-Measures, against a real embedded nats-server and a real `einsora scheduler` process (SQLite
-store): a burst of 5,000 launches (admission throughput, and latency from launch to the
-workload appearing in its machine's desired state, p50 and p99), then launches paced at 100/s
-(the same latency, unloaded), printed beside `bench/bus.py`'s floor.
+Runs a real embedded nats-server, a real `einsora api` (SQLite), a real `einsora scheduler`
+(SQLite) and a real sim agent hosting 1,000 machines (`einsora agent --sim-machines 1000`), then
+measures a burst of 5,000 `POST /v1/workloads` (admission throughput, and latency from the 201
+to the workload appearing in its machine's desired state, the moment its agent can see it,
+p50 and p99) and launches paced at 100/s (the same latency, unloaded), beside `bench/bus.py`'s
+floor. With the agent it also measures launch → the agent reporting the workload observed.
 
-Seams meant to be swapped as the other services land:
-- `Launcher`: `IntentLauncher` publishes each launch's intent straight onto INTENTS, as the
-  api's outbox relay does; its clock starts when JetStream acknowledged the intent. An
-  `ApiLauncher` would POST /v1/workloads and start the clock when the 201 is answered.
-- Machines: by default `KvSimMachines` writes 1,000 inventories as agents would (they send no
-  heartbeats, so the scheduler runs with long silence limits); `--agent` runs a real sim agent
-  instead (`einsora agent --sim-machines N`), and then also measures launch → the agent
-  reporting the workload in its observed state (`KvObservedObserver`). nats-server 2.15 allows
-  1,000 consumers per stream unless the stream says otherwise, and each sim machine watches its
-  key through one: use `--machines 990` with `--agent` until provisioning raises the limit.
-- `KvDesiredObserver` watches every `<machine>.desired` key: the moment an agent can see it.
+- `--direct` publishes intents straight onto INTENTS (what the api's outbox relay does), to
+  measure the scheduler alone; the clock then starts at JetStream's ack.
+- `--kv-machines` writes 1,000 inventories into KV instead of running the agent (no heartbeats,
+  so the scheduler then runs with long silence limits).
 """
 
 from __future__ import annotations
@@ -24,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +30,7 @@ from typing import Protocol
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import aiohttp
 from _harness import load, report, summary_ms
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
@@ -103,6 +100,51 @@ class IntentLauncher:
     async def settle(self) -> None:
         pending, self._pending = self._pending, []
         await asyncio.gather(*pending)
+
+
+class ApiLauncher:
+    """POSTs /v1/workloads to a real `einsora api` process; the clock starts at its 201.
+
+    At most `in_flight` requests are outstanding, as a handful of busy clients would send them.
+    """
+
+    def __init__(self, base: str, token: str, in_flight: int = 16) -> None:
+        self._base = base
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._slots = asyncio.Semaphore(in_flight)
+        self._http: aiohttp.ClientSession | None = None
+        self._pending: set[asyncio.Task[None]] = set()
+        self.launched: dict[str, float] = {}
+
+    async def launch(self, workload_id: str, class_name: str) -> None:
+        if self._http is None:
+            self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0), headers=self._headers
+            )
+        await self._slots.acquire()
+        task = asyncio.create_task(self._post(class_name))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _post(self, class_name: str) -> None:
+        assert self._http is not None
+        try:
+            async with self._http.post(
+                f"{self._base}/v1/workloads", json={"kind": "notebook", "class": class_name}
+            ) as resp:
+                body = await resp.json()
+                if resp.status != 201:
+                    raise RuntimeError(f"POST /v1/workloads answered {resp.status}: {body}")
+                self.launched[body["id"]] = time.perf_counter()
+        finally:
+            self._slots.release()
+
+    async def settle(self) -> None:
+        await asyncio.gather(*list(self._pending))
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
 
 
 class KvDesiredObserver:
@@ -211,7 +253,66 @@ def _spawn(tmp: str, url: str, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env)
 
 
-async def run(machines: int, burst: int, rate: float, paced: int, agent: bool) -> None:
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def _api_launcher(tmp: str, url: str, processes: list[subprocess.Popen[bytes]]) -> Launcher:
+    """Start `einsora api` on this bus (its own SQLite store) and launch through it."""
+    port = _free_port()
+    data = Path(tmp) / "api"
+    processes.append(
+        _spawn(
+            tmp,
+            url,
+            "api",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(data),
+            "--database-url",
+            f"sqlite+aiosqlite:///{data}/api.db",
+        )
+    )
+    token_file = data / "owner.token"
+    await _until(token_file.exists, 60, "the api's owner token")
+    base = f"http://127.0.0.1:{port}"
+
+    async def ready() -> bool:
+        try:
+            async with aiohttp.ClientSession() as http, http.get(f"{base}/readyz") as resp:
+                return resp.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    deadline = time.perf_counter() + 60
+    while not await ready():
+        if time.perf_counter() > deadline:
+            raise RuntimeError("einsora api did not become ready")
+        await asyncio.sleep(0.05)
+    return ApiLauncher(base, token_file.read_text().strip())
+
+
+async def _launch_all(launcher: Launcher, count: int, rate: float | None = None) -> list[str]:
+    """Launch `count` workloads (at `rate` per second if given); the ids that were accepted."""
+    before = set(launcher.launched)
+    t0 = time.perf_counter()
+    for i in range(count):
+        if rate is not None:
+            delay = t0 + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        await launcher.launch(new_id("workload"), _class_of(i))
+    await launcher.settle()
+    return [w for w in launcher.launched if w not in before]
+
+
+async def run(
+    machines: int, burst: int, rate: float, paced: int, agent: bool, direct: bool
+) -> None:
     with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats", port=0) as server:
         nc = await connect(server.url, name="bench-admission")
         js = nc.jetstream()
@@ -219,8 +320,10 @@ async def run(machines: int, burst: int, rate: float, paced: int, agent: bool) -
         kv = await js.key_value(names.MACHINES.name)
         observer: DesiredObserver = KvDesiredObserver(kv)
         reported = KvObservedObserver(kv)
-        launcher: Launcher = IntentLauncher(js)
-        processes = []
+        processes: list[subprocess.Popen[bytes]] = []
+        launcher: Launcher = (
+            IntentLauncher(js) if direct else await _api_launcher(tmp, server.url, processes)
+        )
         silence = [] if agent else ["--suspect-after", "3600", "--lost-after", "7200"]
         database = f"sqlite+aiosqlite:///{tmp}/scheduler.db"
         if agent:
@@ -252,10 +355,7 @@ async def run(machines: int, burst: int, rate: float, paced: int, agent: bool) -
 
             cpu0 = _cpu_seconds(scheduler.pid)
             start = time.perf_counter()
-            ids = [new_id("workload") for _ in range(burst)]
-            for i, workload_id in enumerate(ids):
-                await launcher.launch(workload_id, _class_of(i))
-            await launcher.settle()
+            ids = await _launch_all(launcher, burst)
             await _until(lambda: all(w in observer.seen for w in ids), 300, "the burst placed")
             burst_s = max(observer.seen[w] for w in ids) - start
             burst_cpu = _cpu_seconds(scheduler.pid) - cpu0
@@ -264,14 +364,7 @@ async def run(machines: int, burst: int, rate: float, paced: int, agent: bool) -
                 await _until(lambda: all(w in reported.seen for w in ids), 300, "burst reported")
                 burst_agent = summary_ms([reported.seen[w] - launcher.launched[w] for w in ids])
 
-            paced_ids = [new_id("workload") for _ in range(paced)]
-            t0 = time.perf_counter()
-            for i, workload_id in enumerate(paced_ids):
-                delay = t0 + i / rate - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                await launcher.launch(workload_id, _class_of(i))
-            await launcher.settle()
+            paced_ids = await _launch_all(launcher, paced, rate)
             await _until(lambda: all(w in observer.seen for w in paced_ids), 60, "paced placed")
             paced_lat = summary_ms([observer.seen[w] - launcher.launched[w] for w in paced_ids])
             if agent:
@@ -280,6 +373,8 @@ async def run(machines: int, burst: int, rate: float, paced: int, agent: bool) -
                     [reported.seen[w] - launcher.launched[w] for w in paced_ids]
                 )
         finally:
+            if isinstance(launcher, ApiLauncher):
+                await launcher.close()
             await observer.stop()
             await reported.stop()
             for process in reversed(processes):
@@ -300,6 +395,7 @@ async def run(machines: int, burst: int, rate: float, paced: int, agent: bool) -
         "paced_latency_p50_ms": paced_lat["p50"],
         "paced_latency_p99_ms": paced_lat["p99"],
         "machines_from": "sim agent" if agent else "inventories in KV",
+        "launches_via": "intents" if direct else "api",
         "bus_kv_watch_p50_ms": bus["kv_watch_p50_ms"] if bus else None,
         "bus_kv_watch_p99_ms": bus["kv_watch_p99_ms"] if bus else None,
         "bus_js_publish_pipelined_per_s": bus["js_publish_pipelined_per_s"] if bus else None,
@@ -347,7 +443,13 @@ async def run(machines: int, burst: int, rate: float, paced: int, agent: bool) -
             ),
             ("bus floor (bench/bus.py)", floor),
             *agent_rows,
-            ("launches via", "intents on INTENTS (api outbox stand-in); seen via KV desired watch"),
+            (
+                "launches via",
+                "intents straight onto INTENTS (--direct)"
+                if direct
+                else "POST /v1/workloads to `einsora api` (clock starts at the 201)",
+            ),
+            ("seen via", "a watch on the machines' desired keys, as each agent watches its own"),
             ("machines from", "a sim agent process" if agent else "inventories written to KV"),
         ],
         figures,
@@ -361,10 +463,19 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=100.0, help="paced launches per second")
     parser.add_argument("--paced", type=int, default=1000, help="paced launches")
     parser.add_argument(
-        "--agent", action="store_true", help="machines from a real sim agent process"
+        "--kv-machines",
+        action="store_true",
+        help="write machines' inventories to KV instead of running a sim agent process",
+    )
+    parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="publish intents onto INTENTS instead of POSTing to the api",
     )
     args = parser.parse_args()
-    asyncio.run(run(args.machines, args.burst, args.rate, args.paced, args.agent))
+    asyncio.run(
+        run(args.machines, args.burst, args.rate, args.paced, not args.kv_machines, args.direct)
+    )
 
 
 if __name__ == "__main__":

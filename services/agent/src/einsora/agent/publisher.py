@@ -23,6 +23,9 @@ M = TypeVar("M")
 
 RETRY_S = 0.5
 CONCURRENCY = 256
+SLICES = 10
+"""Heartbeats go out in this many slices spread over the interval: a thousand machines writing
+at the same instant would arrive at the scheduler as one burst and delay its admissions."""
 
 
 class ObservedPublisher(Generic[M]):
@@ -63,18 +66,23 @@ class ObservedPublisher(Generic[M]):
                 await asyncio.wait_for(self._flush(list(self._dirty.values())), 2.0)
 
     async def _run(self) -> None:
-        next_beat = time.monotonic() + self.heartbeat_s
+        tick_s = self.heartbeat_s / SLICES
+        next_beat = time.monotonic() + tick_s
+        slice_no = 0
         while True:
             timeout = next_beat - time.monotonic()
             if timeout > 0 and not self._event.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._event.wait(), timeout)
             self._event.clear()
+            batch = list(self._dirty.values())
             if time.monotonic() >= next_beat:
-                batch = list(self._machines())
-                next_beat = time.monotonic() + self.heartbeat_s
-            else:
-                batch = list(self._dirty.values())
+                # Every machine beats once per interval: slice k holds machines k, k+10, ...
+                beating = list(self._machines())[slice_no::SLICES]
+                marked = {id(m) for m in batch}
+                batch.extend(m for m in beating if id(m) not in marked)
+                slice_no = (slice_no + 1) % SLICES
+                next_beat = time.monotonic() + tick_s
             self._dirty.clear()
             failed = await self._flush(batch)
             if failed:
