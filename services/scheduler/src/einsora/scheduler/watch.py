@@ -141,9 +141,11 @@ class MachinesWatch:
                 log.exception("machines bucket audit failed unexpectedly; retrying")
 
     async def _check(self) -> None:
-        every_key = names.MACHINES.key_subject(">")
+        # Only the desired keys: a third of the bucket, so a thousand machines' audit stays cheap.
         try:
-            info = await self._js.stream_info(names.MACHINES.stream, subjects_filter=every_key)
+            info = await self._js.stream_info(
+                names.MACHINES.stream, subjects_filter=names.DESIRED_SUBJECTS
+            )
         except NotFoundError:
             log.warning("the machines bucket is gone; recreating it and rewriting desired states")
             await provision(self._js)

@@ -153,6 +153,9 @@ def inventory_key(machine_id: str) -> str:
 
 MACHINE_KEY_KINDS: Final = ("desired", "observed", "inventory")
 
+DESIRED_SUBJECTS: Final = f"{MACHINES.subject_prefix}*.desired"
+"""Every machine's desired key as a subject filter (for the scheduler's audit of the bucket)."""
+
 
 def split_machine_key(key: str) -> tuple[str, str]:
     """`m-abc.observed` → (`m-abc`, `observed`); ValueError for anything else."""
