@@ -43,7 +43,7 @@ lint: setup
 	$(BIN)/lint-imports
 
 bench: setup
-	@set -e; for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b; done
+	@set -e; for b in bench/[!_]*.py; do echo "== $$b"; $(BIN)/python $$b; done
 
 clean:
 	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache .import_linter_cache

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import socket
 import subprocess
@@ -26,209 +25,26 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 import aiohttp
+from _admission_seams import (
+    API_CLIENTS,
+    ApiLauncher,
+    DesiredObserver,
+    IntentLauncher,
+    KvObserver,
+    KvSimMachines,
+    Launcher,
+)
 from _harness import load, report, summary_ms
-from nats.js import JetStreamContext
-from nats.js.api import PubAck
-from nats.js.kv import KeyValue
 
-from einsora.common.bus import connect, message_headers, names, provision
+from einsora.common.bus import connect, names, provision
 from einsora.common.embedded_nats import EmbeddedNats
 from einsora.common.ids import new_id
-from einsora.common.schemas import Gpu, Inventory, WorkloadIntent, WorkloadKind
 
-API_CLIENTS = 64
-"""Requests in flight during the burst: a burst is many people (or one script) at once."""
 GPU_SHARE = 0.6  # of launches ask for one l40s-48gb; the rest for cpu-2c-4g
-
-
-class Launcher(Protocol):
-    """Launches workloads; `launched` records when each launch was accepted."""
-
-    launched: dict[str, float]
-
-    async def launch(self, workload_id: str, class_name: str) -> None: ...
-
-    async def settle(self) -> None:
-        """Wait until every launch so far is accepted."""
-
-
-class DesiredObserver(Protocol):
-    """Records when each workload was first seen in a machine's desired state."""
-
-    seen: dict[str, float]
-    machines: set[str]
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-
-class IntentLauncher:
-    """Publishes create intents as the api's outbox relay would (acks awaited together)."""
-
-    def __init__(self, js: JetStreamContext, region: str = "local") -> None:
-        self._js = js
-        self._region = region
-        self.launched: dict[str, float] = {}
-        self._pending: list[asyncio.Future[PubAck]] = []
-
-    async def launch(self, workload_id: str, class_name: str) -> None:
-        intent = WorkloadIntent.model_validate(
-            {
-                "intent_id": new_id("intent"),
-                "action": "create",
-                "workload_id": workload_id,
-                "tenant_id": "t-bench",
-                "region": self._region,
-                "kind": WorkloadKind.notebook,
-                "class": class_name,
-            }
-        )
-        future = await self._js.publish_async(
-            names.intent_subject(self._region, workload_id),
-            intent.to_bytes(),
-            headers=message_headers(request_id=new_id("request"), msg_id=intent.intent_id),
-        )
-        future.add_done_callback(
-            lambda _: self.launched.setdefault(workload_id, time.perf_counter())
-        )
-        self._pending.append(future)
-
-    async def settle(self) -> None:
-        pending, self._pending = self._pending, []
-        await asyncio.gather(*pending)
-
-
-class ApiLauncher:
-    """POSTs /v1/workloads to a real `einsora api` process; the clock starts at its 201.
-
-    At most `in_flight` requests are outstanding, as a handful of busy clients would send them.
-    """
-
-    def __init__(self, base: str, token: str, in_flight: int = API_CLIENTS) -> None:
-        self._base = base
-        self._headers = {"Authorization": f"Bearer {token}"}
-        self._slots = asyncio.Semaphore(in_flight)
-        self._http: aiohttp.ClientSession | None = None
-        self._pending: set[asyncio.Task[None]] = set()
-        self.launched: dict[str, float] = {}
-
-    async def launch(self, workload_id: str, class_name: str) -> None:
-        if self._http is None:
-            self._http = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0), headers=self._headers
-            )
-        await self._slots.acquire()
-        task = asyncio.create_task(self._post(class_name))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
-
-    async def _post(self, class_name: str) -> None:
-        assert self._http is not None
-        try:
-            async with self._http.post(
-                f"{self._base}/v1/workloads", json={"kind": "notebook", "class": class_name}
-            ) as resp:
-                body = await resp.json()
-                if resp.status != 201:
-                    raise RuntimeError(f"POST /v1/workloads answered {resp.status}: {body}")
-                self.launched[body["id"]] = time.perf_counter()
-        finally:
-            self._slots.release()
-
-    async def settle(self) -> None:
-        await asyncio.gather(*list(self._pending))
-
-    async def close(self) -> None:
-        if self._http is not None:
-            await self._http.close()
-
-
-class KvDesiredObserver:
-    """Watches every desired key, as the machines' agents would each watch their own."""
-
-    def __init__(self, kv: KeyValue) -> None:
-        self._kv = kv
-        self.seen: dict[str, float] = {}
-        self.machines: set[str] = set()
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        watcher = await self._kv.watch("*.desired")
-        self._task = asyncio.create_task(self._pump(watcher))
-
-    async def _pump(self, watcher: KeyValue.KeyWatcher) -> None:
-        async for entry in watcher:
-            if entry is None or not entry.value:
-                continue
-            now = time.perf_counter()
-            desired = json.loads(entry.value)
-            self.machines.add(desired["machine_id"])
-            for workload in desired["workloads"]:
-                self.seen.setdefault(workload["workload_id"], now)
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-
-class KvObservedObserver:
-    """Watches every observed key: when an agent first reports each workload."""
-
-    def __init__(self, kv: KeyValue) -> None:
-        self._kv = kv
-        self.seen: dict[str, float] = {}
-        self.machines: set[str] = set()
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        watcher = await self._kv.watch("*.observed")
-        self._task = asyncio.create_task(self._pump(watcher))
-
-    async def _pump(self, watcher: KeyValue.KeyWatcher) -> None:
-        async for entry in watcher:
-            if entry is None or not entry.value:
-                continue
-            now = time.perf_counter()
-            for workload in json.loads(entry.value)["workloads"]:
-                self.seen.setdefault(workload["workload_id"], now)
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-
-class KvSimMachines:
-    """Writes fake machines' inventories, as sim agents would."""
-
-    def __init__(self, kv: KeyValue) -> None:
-        self._kv = kv
-
-    async def join(self, count: int) -> None:
-        for i in range(count):
-            machine_id = f"m-sim{i:05d}"
-            inventory = Inventory(
-                machine_id=machine_id,
-                region="local",
-                hostname=machine_id,
-                os="linux",
-                arch="x86_64",
-                cpus=64,
-                memory_mib=512 * 1024,
-                gpus=[
-                    Gpu(
-                        index=g, uuid=f"GPU-{machine_id}-{g}", model="NVIDIA L40S", memory_mib=46068
-                    )
-                    for g in range(4)
-                ],
-                drivers=["sim"],
-            )
-            await self._kv.put(names.inventory_key(machine_id), inventory.to_bytes())
 
 
 async def _until(condition: Callable[[], bool], within_s: float, what: str) -> None:
@@ -320,8 +136,8 @@ async def run(
         js = nc.jetstream()
         await provision(js)
         kv = await js.key_value(names.MACHINES.name)
-        observer: DesiredObserver = KvDesiredObserver(kv)
-        reported = KvObservedObserver(kv)
+        observer: DesiredObserver = KvObserver(kv, "desired")
+        reported = KvObserver(kv, "observed")
         processes: list[subprocess.Popen[bytes]] = []
         launcher: Launcher = (
             IntentLauncher(js) if direct else await _api_launcher(tmp, server.url, processes)

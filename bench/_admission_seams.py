@@ -1,0 +1,189 @@
+"""The seams of `bench/admission.py`: how launches are made and how their arrival is seen.
+
+`IntentLauncher` publishes create intents straight onto INTENTS (the api's outbox relay's job);
+`ApiLauncher` POSTs /v1/workloads to a real api. `KvObserver` watches the `machines` bucket;
+`KvSimMachines` writes fake inventories when no sim agent runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Protocol
+
+import aiohttp
+from nats.js import JetStreamContext
+from nats.js.api import PubAck
+from nats.js.kv import KeyValue
+
+from einsora.common.bus import message_headers, names
+from einsora.common.ids import new_id
+from einsora.common.schemas import Gpu, Inventory, WorkloadIntent, WorkloadKind
+
+API_CLIENTS = 64
+"""Requests in flight during the burst: a burst is many people (or one script) at once."""
+
+
+class Launcher(Protocol):
+    """Launches workloads; `launched` records when each launch was accepted."""
+
+    launched: dict[str, float]
+
+    async def launch(self, workload_id: str, class_name: str) -> None: ...
+
+    async def settle(self) -> None:
+        """Wait until every launch so far is accepted."""
+
+
+class DesiredObserver(Protocol):
+    """Records when each workload was first seen in a machine's desired state."""
+
+    seen: dict[str, float]
+    machines: set[str]
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class IntentLauncher:
+    """Publishes create intents as the api's outbox relay would (acks awaited together)."""
+
+    def __init__(self, js: JetStreamContext, region: str = "local") -> None:
+        self._js = js
+        self._region = region
+        self.launched: dict[str, float] = {}
+        self._pending: list[asyncio.Future[PubAck]] = []
+
+    async def launch(self, workload_id: str, class_name: str) -> None:
+        intent = WorkloadIntent.model_validate(
+            {
+                "intent_id": new_id("intent"),
+                "action": "create",
+                "workload_id": workload_id,
+                "tenant_id": "t-bench",
+                "region": self._region,
+                "kind": WorkloadKind.notebook,
+                "class": class_name,
+            }
+        )
+        future = await self._js.publish_async(
+            names.intent_subject(self._region, workload_id),
+            intent.to_bytes(),
+            headers=message_headers(request_id=new_id("request"), msg_id=intent.intent_id),
+        )
+        future.add_done_callback(
+            lambda _: self.launched.setdefault(workload_id, time.perf_counter())
+        )
+        self._pending.append(future)
+
+    async def settle(self) -> None:
+        pending, self._pending = self._pending, []
+        await asyncio.gather(*pending)
+
+
+class ApiLauncher:
+    """POSTs /v1/workloads to a real `einsora api` process; the clock starts at its 201.
+
+    At most `in_flight` requests are outstanding, as a handful of busy clients would send them.
+    """
+
+    def __init__(self, base: str, token: str, in_flight: int = API_CLIENTS) -> None:
+        self._base = base
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._slots = asyncio.Semaphore(in_flight)
+        self._http: aiohttp.ClientSession | None = None
+        self._pending: set[asyncio.Task[None]] = set()
+        self.launched: dict[str, float] = {}
+
+    async def launch(self, workload_id: str, class_name: str) -> None:
+        if self._http is None:
+            self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0), headers=self._headers
+            )
+        await self._slots.acquire()
+        task = asyncio.create_task(self._post(class_name))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _post(self, class_name: str) -> None:
+        assert self._http is not None
+        try:
+            async with self._http.post(
+                f"{self._base}/v1/workloads", json={"kind": "notebook", "class": class_name}
+            ) as resp:
+                body = await resp.json()
+                if resp.status != 201:
+                    raise RuntimeError(f"POST /v1/workloads answered {resp.status}: {body}")
+                self.launched[body["id"]] = time.perf_counter()
+        finally:
+            self._slots.release()
+
+    async def settle(self) -> None:
+        await asyncio.gather(*list(self._pending))
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+
+
+class KvObserver:
+    """Watches every `<machine>.<kind>` key: when each workload first appears in one.
+
+    On `desired` keys it is what the machines' agents each see of their own; on `observed`
+    keys, when an agent first reports each workload.
+    """
+
+    def __init__(self, kv: KeyValue, kind: str) -> None:
+        self._kv = kv
+        self._pattern = f"*.{kind}"
+        self.seen: dict[str, float] = {}
+        self.machines: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        watcher = await self._kv.watch(self._pattern)
+        self._task = asyncio.create_task(self._pump(watcher))
+
+    async def _pump(self, watcher: KeyValue.KeyWatcher) -> None:
+        async for entry in watcher:
+            if entry is None or not entry.value:
+                continue
+            now = time.perf_counter()
+            value = json.loads(entry.value)
+            self.machines.add(value["machine_id"])
+            for workload in value["workloads"]:
+                self.seen.setdefault(workload["workload_id"], now)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+class KvSimMachines:
+    """Writes fake machines' inventories, as sim agents would."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self._kv = kv
+
+    async def join(self, count: int) -> None:
+        for i in range(count):
+            machine_id = f"m-sim{i:05d}"
+            inventory = Inventory(
+                machine_id=machine_id,
+                region="local",
+                hostname=machine_id,
+                os="linux",
+                arch="x86_64",
+                cpus=64,
+                memory_mib=512 * 1024,
+                gpus=[
+                    Gpu(
+                        index=g, uuid=f"GPU-{machine_id}-{g}", model="NVIDIA L40S", memory_mib=46068
+                    )
+                    for g in range(4)
+                ],
+                drivers=["sim"],
+            )
+            await self._kv.put(names.inventory_key(machine_id), inventory.to_bytes())
