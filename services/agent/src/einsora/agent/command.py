@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from einsora.agent.service import AgentService, DriverName
 from einsora.common import logs
+from einsora.common.service import serve_until_signalled
 from einsora.common.settings import Settings
 
 
@@ -114,24 +114,15 @@ def run(args: argparse.Namespace) -> int:
         sim_fail_rate=args.sim_fail_rate,
         provision_bus=args.provision,
     )
-    return asyncio.run(_serve(service))
+    return asyncio.run(serve_until_signalled(service, lambda: _announce(service)))
 
 
-async def _serve(service: AgentService) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await service.start()
+def _announce(service: AgentService) -> None:
+    more = len(service.machine_ids) - 1
     print(
         f"einsora agent: machine {service.machine_id}"
-        + (f" (+{len(service.machine_ids) - 1} more)" if len(service.machine_ids) > 1 else "")
+        + (f" (+{more} more)" if more else "")
         + f", driver {service.driver_name}; Ctrl-C stops the agent, not its workloads",
         file=sys.stderr,
         flush=True,
     )
-    try:
-        await stop.wait()
-    finally:
-        await service.stop()
-    return 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 from einsora.common import logs
 from einsora.common.catalog import Catalog
 from einsora.common.errors import EinsoraError
+from einsora.common.service import serve_until_signalled
 from einsora.common.settings import Settings
 
 
@@ -56,12 +56,8 @@ async def _serve(settings: Settings, catalog: Catalog) -> int:
     from einsora.api.service import ApiService  # the server stack loads only for this command
 
     service = ApiService(settings, catalog=catalog)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await service.start()
-    try:
+
+    def announce() -> None:
         print(f"einsora api listening on {service.url}", file=sys.stderr, flush=True)
         if service.owner_token_created:
             print(
@@ -70,10 +66,8 @@ async def _serve(settings: Settings, catalog: Catalog) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-        await stop.wait()
-    finally:
-        await service.stop()
-    return 0
+
+    return await serve_until_signalled(service, announce)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 from pathlib import Path
 
 from einsora.common import logs, runloop
+from einsora.common.service import serve_until_signalled
 from einsora.common.settings import Settings
 from einsora.proxy.service import ProxyService
 
@@ -26,15 +25,5 @@ def run(args: argparse.Namespace) -> int:
     overrides = {"nats_url": args.nats, "proxy_port": args.port, "data_dir": args.data_dir}
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     logs.configure(settings.log_level, settings.log_format)
-    return runloop.run(_serve(ProxyService(settings, domain=args.domain, tls=args.tls)))
-
-
-async def _serve(service: ProxyService) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await service.start()
-    await stop.wait()
-    await service.stop()
-    return 0
+    service = ProxyService(settings, domain=args.domain, tls=args.tls)
+    return runloop.run(serve_until_signalled(service))

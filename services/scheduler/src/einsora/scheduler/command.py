@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from pydantic import ValidationError
 
 from einsora.common import logs
 from einsora.common.errors import ConfigError
+from einsora.common.service import serve_until_signalled
 from einsora.common.settings import Settings
 from einsora.scheduler.service import SchedulerService
 
@@ -97,17 +97,4 @@ def run(args: argparse.Namespace) -> int:
         batch=args.batch,
         ack_wait_s=args.ack_wait,
     )
-    return asyncio.run(serve(service))
-
-
-async def serve(service: SchedulerService) -> int:
-    """Start, wait for SIGINT or SIGTERM, stop."""
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopping.set)
-    await service.start()
-    await stopping.wait()
-    log.info("scheduler stopping")
-    await service.stop()
-    return 0
+    return asyncio.run(serve_until_signalled(service))
