@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -90,8 +91,9 @@ def _greet(plane: ControlPlane, settings: Settings) -> None:
     lines = [
         f"Einsora Solo is running: {url}",
         f"  API {url}/v1 (OpenAPI at {url}/openapi.json); the web dashboard is not built yet,",
-        "  so use the `einsora` CLI (next to this Python) for now.",
+        "  so use the CLI for now.",
     ]
+    cli = _cli_name()
     token = plane.owner_token_created
     if token:
         lines += [
@@ -101,9 +103,19 @@ def _greet(plane: ControlPlane, settings: Settings) -> None:
             f"  {token}",
             "",
             "Try it:",
-            "  einsora launch notebook --class cpu-1c-2g --wait",
+            f"  {cli} launch notebook --class cpu-1c-2g --wait",
         ]
     else:
         lines.append(f"Owner token: {token_file}")
     lines.append("Press Ctrl-C to stop (workloads keep running).")
     print("\n".join(lines), flush=True)
+
+
+def _cli_name() -> str:
+    """`einsora` when that is on PATH, else the full path of the one running (`make run` runs
+    it from the project's .venv, which is not on the user's PATH)."""
+    running = Path(sys.argv[0]).resolve()
+    found = shutil.which("einsora")
+    if found is not None and Path(found).resolve() == running:
+        return "einsora"
+    return str(running) if running.name == "einsora" else "einsora"
