@@ -120,7 +120,7 @@ async def main() -> None:
                 port=upstream_port,
             )
             await kv.put(names.route_key(workload_id), route.to_bytes())
-            while proxy._routes is None or proxy._routes.get(workload_id) is None:
+            while proxy.route(workload_id) is None:
                 await asyncio.sleep(0.01)
             cookie = proxy.sessions.create(workload_id, "t", "u")
             ours = await load(

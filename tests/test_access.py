@@ -66,8 +66,7 @@ class Sites:
 
     def token_of(self, workload_id: str) -> str:
         assert self.plane.proxy is not None
-        assert self.plane.proxy._routes is not None
-        route = self.plane.proxy._routes.get(workload_id)
+        route = self.plane.proxy.route(workload_id)
         assert route is not None
         assert route.token is not None
         return route.token

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from tests.conftest import OpenApi, StartPlane
 
+from einsora.cli.controlplane import ControlPlane
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
@@ -109,10 +111,10 @@ async def test_a_notebook_opens_in_chromium_and_runs_code(
     assert leaks == []
 
 
-def _workload_token(plane: object, workload_id: str) -> str:
+def _workload_token(plane: ControlPlane, workload_id: str) -> str:
     """The workload's own token, read from where the proxy reads it (its route)."""
-    proxy = plane.proxy  # type: ignore[attr-defined]
-    route = proxy._routes.get(workload_id)
+    assert plane.proxy is not None
+    route = plane.proxy.route(workload_id)
     assert route is not None
     assert route.token
     token: str = route.token

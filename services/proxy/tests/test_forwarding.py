@@ -139,7 +139,7 @@ async def harness(bus: Bus, data_dir: object) -> AsyncIterator[Harness]:
         token=TOKEN,
     )
     await kv.put(names.route_key(workload_id), route.to_bytes())
-    await _until(lambda: proxy.sessions is not None and _has_route(proxy, workload_id))
+    await _until(lambda: _has_route(proxy, workload_id))
     cookie = proxy.sessions.create(workload_id, "t-1", "u-1")
     async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as http:
         yield Harness(proxy, workload_id, cookie, http, bus)
@@ -148,8 +148,7 @@ async def harness(bus: Bus, data_dir: object) -> AsyncIterator[Harness]:
 
 
 def _has_route(proxy: ProxyService, workload_id: str) -> bool:
-    routes = proxy._routes
-    return routes is not None and routes.get(workload_id) is not None
+    return proxy.route(workload_id) is not None
 
 
 async def _until(condition: object, within_s: float = 5.0) -> None:
@@ -181,7 +180,7 @@ async def test_no_cookie_no_entry(h: Harness) -> None:
 async def test_a_cookie_of_one_site_does_not_open_another(h: Harness) -> None:
     other = new_id("workload")
     kv = await h.bus.js.key_value(names.ROUTES.name)
-    route = h.proxy._routes.get(h.workload_id)  # type: ignore[union-attr]
+    route = h.proxy.route(h.workload_id)
     assert route is not None
     await kv.put(names.route_key(other), route.model_copy(update={"workload_id": other}).to_bytes())
     await _until(lambda: _has_route(h.proxy, other))

@@ -11,6 +11,7 @@ from aiohttp import web
 from nats.aio.client import Client as NATS
 
 from einsora.common.bus import connect, provision
+from einsora.common.schemas import Route
 from einsora.common.settings import Settings
 from einsora.proxy.app import ProxyState, create_app
 from einsora.proxy.routes import RouteTable
@@ -68,6 +69,10 @@ class ProxyService:
             state.sites = self.sites
         self._sweeper = asyncio.create_task(self._sweep(), name="proxy idle sweep")
         log.info("proxy serving", extra={"port": self.port, "domain": self.sites.domain})
+
+    def route(self, workload_id: str) -> Route | None:
+        """Where a workload answers, as this proxy knows it now (None: its site answers 404)."""
+        return self._routes.get(workload_id) if self._routes is not None else None
 
     async def _sweep(self) -> None:
         while True:
