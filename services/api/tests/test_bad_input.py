@@ -175,7 +175,7 @@ CASES: list[tuple[str, str, str, object, dict[str, str], int, str, str | None]] 
     (
         "member role unknown",
         "POST",
-        "/v1/tenants/{tenant}/members",
+        "/v1/tenants/{tenant}/invitations",
         {"username": "x", "role": "god"},
         {},
         422,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from einsora.api.routers import all_operations
-from einsora.api.testing import Client, RunningApi
+from einsora.api.testing import Client, RunningApi, new_member, new_tenant
 
 
 @dataclass
@@ -17,6 +17,7 @@ class Victim:
     workload_id: str
     parked_id: str
     token_id: str
+    invitation_id: str
     client: Client
 
 
@@ -29,8 +30,11 @@ ATTEMPTS: list[tuple[str, str, str, object]] = [
     ("GET", "/v1/workloads/{id}/events", "workload_id", None),
     ("POST", "/v1/workloads/{id}/access", "workload_id", None),
     ("DELETE", "/v1/tokens/{id}", "token_id", None),
-    ("POST", "/v1/tenants/{id}/members", "tenant_id", {"username": "mallory", "role": "admin"}),
+    ("POST", "/v1/tenants/{id}/invitations", "tenant_id", {"username": "mallory", "role": "admin"}),
+    ("GET", "/v1/tenants/{id}/invitations", "tenant_id", None),
+    ("DELETE", "/v1/tenants/{id}/invitations/{invitation}", "tenant_id", None),
     ("GET", "/v1/tenants/{id}/members", "tenant_id", None),
+    ("POST", "/v1/invitations/{id}/accept", "invitation_id", None),
 ]
 
 
@@ -40,11 +44,7 @@ def test_the_table_covers_every_route_with_an_id() -> None:
 
 
 async def _tenant(api: RunningApi, name: str) -> tuple[str, Client]:
-    tenant = await api.owner.post("/v1/tenants", {"name": name})
-    member = await api.owner.post(
-        f"/v1/tenants/{tenant.body['id']}/members", {"username": f"{name}-admin", "role": "admin"}
-    )
-    return tenant.body["id"], api.client(member.body["token"]["token"])
+    return await new_tenant(api, name, f"{name}-admin")
 
 
 async def _victim(api: RunningApi) -> Victim:
@@ -52,13 +52,22 @@ async def _victim(api: RunningApi) -> Victim:
     running = await client.post("/v1/workloads", {"kind": "notebook", "class": "cpu-1c-2g"})
     parked = await client.post("/v1/workloads", {"kind": "vm", "class": "cpu-2c-4g"})
     token = await client.post("/v1/tokens", {"name": "victim's"})
+    # An open invitation of the victim's tenant, to an existing user who is not the intruder.
+    invitation = await client.post(f"/v1/tenants/{tenant_id}/invitations", {"username": "owner"})
     assert api.service.store is not None
     async with api.service.store.write() as conn:  # so every action would be allowed
         for wid, state in ((running.body["id"], "running"), (parked.body["id"], "parked")):
             await conn.execute(
                 sa.text("UPDATE workloads SET state = :s WHERE id = :id"), {"s": state, "id": wid}
             )
-    return Victim(tenant_id, running.body["id"], parked.body["id"], token.body["id"], client)
+    return Victim(
+        tenant_id,
+        running.body["id"],
+        parked.body["id"],
+        token.body["id"],
+        invitation.body["id"],
+        client,
+    )
 
 
 async def test_another_tenants_objects_answer_404_on_every_route(api_on_store: RunningApi) -> None:
@@ -68,6 +77,7 @@ async def test_another_tenants_objects_answer_404_on_every_route(api_on_store: R
     before = await victim.client.get(f"/v1/workloads/{victim.workload_id}/events")
     for method, template, which, body in ATTEMPTS:
         path = template.replace("{id}", getattr(victim, which))
+        path = path.replace("{invitation}", victim.invitation_id)
         answer = await intruder.call(method, path, body)
         assert answer.status == 404, (method, template, answer.status, answer.text)
         assert answer.body["error"] == "not_found"
@@ -83,6 +93,11 @@ async def test_another_tenants_objects_answer_404_on_every_route(api_on_store: R
     assert [m["user"]["username"] for m in members.body["items"]] == ["victim-admin"]
     tokens = await victim.client.get("/v1/tokens")
     assert victim.token_id in [t["id"] for t in tokens.body["items"]]
+    invitations = await victim.client.get(f"/v1/tenants/{victim.tenant_id}/invitations")
+    still_open = [
+        i["id"] for i in invitations.body["items"] if i["accepted_at"] is None and not i["revoked_at"]
+    ]
+    assert still_open == [victim.invitation_id]
 
 
 async def test_lists_show_only_the_callers_tenant(api: RunningApi) -> None:
@@ -102,8 +117,7 @@ async def test_lists_show_only_the_callers_tenant(api: RunningApi) -> None:
 
 async def test_a_member_of_the_same_tenant_cannot_revoke_anothers_token(api: RunningApi) -> None:
     tenant_id, admin = await _tenant(api, "shared")
-    added = await admin.post(f"/v1/tenants/{tenant_id}/members", {"username": "carl"})
-    carl = api.client(added.body["token"]["token"])
+    carl = await new_member(api, tenant_id, "carl", by=admin)
     admins = await admin.post("/v1/tokens", {"name": "admin's"})
     assert (await carl.delete(f"/v1/tokens/{admins.body['id']}")).status == 404
     assert (await api.client(admins.body["token"]).get("/v1/me")).status == 200

@@ -45,7 +45,7 @@ async def test_token_lifecycle(api_on_store: RunningApi) -> None:
     assert created.status == 201
     secret = created.body["token"]
     assert secret.startswith("tsk_")
-    assert set(created.body) == {"id", "name", "token", "created_at", "expires_at"}
+    assert set(created.body) == {"id", "name", "token", "created_at", "expires_at", "operator"}
     expires = datetime.fromisoformat(created.body["expires_at"])
     assert timedelta(days=29) < expires - datetime.now(UTC) <= timedelta(days=30)
 

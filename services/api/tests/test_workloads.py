@@ -7,7 +7,7 @@ import sqlalchemy as sa
 
 from einsora.api.errors import Conflict
 from einsora.api.services.workloads import next_state
-from einsora.api.testing import RunningApi
+from einsora.api.testing import RunningApi, new_tenant
 from einsora.common.schemas import IntentAction, WorkloadState
 
 NOTEBOOK = {"kind": "notebook", "class": "cpu-1c-2g"}
@@ -79,11 +79,7 @@ async def test_idempotency_key_returns_the_first_result(api_on_store: RunningApi
 
 
 async def test_the_same_key_in_another_tenant_is_another_request(api: RunningApi) -> None:
-    tenant = await api.owner.post("/v1/tenants", {"name": "lab"})
-    member = await api.owner.post(
-        f"/v1/tenants/{tenant.body['id']}/members", {"username": "ann", "role": "admin"}
-    )
-    ann = api.client(member.body["token"]["token"])
+    _, ann = await new_tenant(api, "lab", "ann")
     key = {"Idempotency-Key": "same"}
     mine = await api.owner.post("/v1/workloads", NOTEBOOK, headers=key)
     hers = await ann.post("/v1/workloads", NOTEBOOK, headers=key)

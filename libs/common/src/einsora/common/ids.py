@@ -24,6 +24,7 @@ PREFIXES = {
     "event": "ev",
     "intent": "in",
     "request": "req",
+    "invitation": "inv",
 }
 
 _ID_RE = re.compile(rf"^(?P<prefix>[a-z]+)-[{_ALPHABET}]{{{_TIME_CHARS + _RANDOM_CHARS}}}$")

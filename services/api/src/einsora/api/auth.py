@@ -36,7 +36,11 @@ def secret_hash(secret: str) -> str:
 
 @dataclass(frozen=True)
 class Principal:
-    """Who a request acts as: a user, in the one tenant their token belongs to."""
+    """Who a request acts as: a user, in the one tenant their token belongs to.
+
+    `is_operator` needs both an operator user and a token minted with operator rights
+    (ADR-0008): membership of a tenant never confers them.
+    """
 
     token_id: str
     user_id: str
@@ -57,6 +61,7 @@ _LOOKUP = (
         m.api_tokens.c.expires_at,
         m.api_tokens.c.revoked_at,
         m.api_tokens.c.last_used_at,
+        m.api_tokens.c.operator.label("token_operator"),
         m.users.c.id.label("user_id"),
         m.users.c.username,
         m.users.c.is_operator,
@@ -103,7 +108,7 @@ async def authenticate(store: Store, authorization: str | None) -> Principal:
         tenant_id=row.tenant_id,
         tenant_name=row.tenant_name,
         role=row.role,
-        is_operator=bool(row.is_operator),
+        is_operator=bool(row.is_operator) and bool(row.token_operator),
     )
 
 

@@ -51,7 +51,9 @@ async def ensure_owner(store: Store, data_dir: Path) -> str | None:
                     tenant_id=tenant_id, user_id=user_id, role="admin", created_at=now
                 )
             )
-            token = await tokens.issue(conn, tenant_id=tenant_id, user_id=user_id, name="owner")
+            token = await tokens.issue(
+                conn, tenant_id=tenant_id, user_id=user_id, name="owner", operator=True
+            )
             write_secret(data_dir / OWNER_TOKEN_FILE, token.token)
     except IntegrityError:
         return None  # another replica made the owner at the same moment

@@ -1,5 +1,5 @@
-"""The api's tables (SQLAlchemy Core): tenants, users, members, API tokens, workloads, timeline,
-outbox, idempotency keys and access tickets.
+"""The api's tables (SQLAlchemy Core): tenants, users, members, invitations, API tokens,
+workloads, timeline, outbox, idempotency keys and access tickets.
 
 The api owns these tables and no other service reads them (DESIGN.md). Every time is stored in
 UTC and read back timezone-aware; the migrations in `migrations/versions` create exactly this
@@ -84,7 +84,30 @@ api_tokens = sa.Table(
     sa.Column("expires_at", UtcDateTime(), nullable=True),
     sa.Column("revoked_at", UtcDateTime(), nullable=True),
     sa.Column("last_used_at", UtcDateTime(), nullable=True),
+    # Operator rights are a property of the token, minted only by the operator for themself
+    # (ADR-0008): a token made any other way never carries them, whoever its user is.
+    sa.Column("operator", sa.Boolean(), nullable=False, server_default=sa.false()),
     sa.Index(None, "tenant_id", "user_id", "id"),
+)
+
+invitations = sa.Table(
+    "invitations",
+    metadata,
+    sa.Column("id", ID, primary_key=True),
+    sa.Column("tenant_id", ID, sa.ForeignKey("tenants.id"), nullable=False),
+    sa.Column("username", NAME, nullable=False),
+    sa.Column("role", sa.String(16), nullable=False),
+    # Set when the user existed at invitation time: only that user may accept, signed in.
+    sa.Column("user_id", ID, sa.ForeignKey("users.id"), nullable=True),
+    # Set when the user is new: the one-time code they open (its hash; the code is shown once).
+    sa.Column("secret_sha256", sa.String(64), nullable=True, unique=True),
+    sa.Column("invited_by", ID, sa.ForeignKey("users.id"), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+    sa.Column("expires_at", UtcDateTime(), nullable=False),
+    sa.Column("accepted_at", UtcDateTime(), nullable=True),
+    sa.Column("revoked_at", UtcDateTime(), nullable=True),
+    sa.Index(None, "tenant_id", "id"),
+    sa.Index(None, "user_id", "id"),
 )
 
 workloads = sa.Table(

@@ -131,3 +131,27 @@ async def eventually(check: Callable[[], Awaitable[bool]], within_s: float = 10.
         if time.monotonic() > deadline:
             raise AssertionError(f"not true within {within_s} s")
         await asyncio.sleep(0.02)
+
+
+async def new_member(
+    api: RunningApi, tenant_id: str, username: str, role: str = "member", *, by: Client | None = None
+) -> Client:
+    """Invite a new user into a tenant and redeem the code as they would: a client as them."""
+    inviter = by or api.owner
+    made = await inviter.post(
+        f"/v1/tenants/{tenant_id}/invitations", {"username": username, "role": role}
+    )
+    if made.status != 201 or not made.body.get("code"):
+        raise AssertionError(f"invitation refused: {made.status} {made.text}")
+    joined = await api.client(None).post("/v1/invitations/redeem", {"code": made.body["code"]})
+    if joined.status != 201:
+        raise AssertionError(f"redeeming the invitation failed: {joined.status} {joined.text}")
+    return api.client(joined.body["token"]["token"])
+
+
+async def new_tenant(api: RunningApi, name: str, admin: str) -> tuple[str, Client]:
+    """A tenant made by the operator, and a client as its first admin (a new user)."""
+    tenant = await api.owner.post("/v1/tenants", {"name": name})
+    if tenant.status != 201:
+        raise AssertionError(f"tenant refused: {tenant.status} {tenant.text}")
+    return tenant.body["id"], await new_member(api, tenant.body["id"], admin, "admin")

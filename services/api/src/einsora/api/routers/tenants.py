@@ -1,19 +1,22 @@
-"""`/v1/me`, `/v1/tenants` and tenant members."""
+"""`/v1/me`, `/v1/tenants`, tenant members and invitations (ADR-0008)."""
 
 from __future__ import annotations
 
 from einsora.api.operation import Call, Operation
 from einsora.api.schemas.common import NoBody, NoQuery, PageQuery
 from einsora.api.schemas.tenants import (
-    MemberCreate,
-    MemberCreated,
+    InvitationCreate,
+    InvitationCreated,
+    InvitationPage,
+    InvitationRedeem,
+    Joined,
     MemberPage,
     MeOut,
     TenantCreate,
     TenantOut,
     TenantPage,
 )
-from einsora.api.services import tenants
+from einsora.api.services import invitations, tenants
 
 
 async def get_me(call: Call[NoBody, NoQuery]) -> MeOut:
@@ -28,8 +31,28 @@ async def list_tenants(call: Call[NoBody, PageQuery]) -> TenantPage:
     return await tenants.list_tenants(call.ctx.store, call.me, call.query)
 
 
-async def add_member(call: Call[MemberCreate, NoQuery]) -> MemberCreated:
-    return await tenants.add_member(call.ctx.store, call.me, call.path("id"), call.body)
+async def invite(call: Call[InvitationCreate, NoQuery]) -> InvitationCreated:
+    return await invitations.invite(call.ctx.store, call.me, call.path("id"), call.body)
+
+
+async def list_tenant_invitations(call: Call[NoBody, PageQuery]) -> InvitationPage:
+    return await invitations.list_for_tenant(call.ctx.store, call.me, call.path("id"), call.query)
+
+
+async def revoke_invitation(call: Call[NoBody, NoQuery]) -> None:
+    await invitations.revoke(call.ctx.store, call.me, call.path("id"), call.path("invitation"))
+
+
+async def list_my_invitations(call: Call[NoBody, PageQuery]) -> InvitationPage:
+    return await invitations.list_mine(call.ctx.store, call.me, call.query)
+
+
+async def accept_invitation(call: Call[NoBody, NoQuery]) -> Joined:
+    return await invitations.accept(call.ctx.store, call.me, call.path("id"))
+
+
+async def redeem_invitation(call: Call[InvitationRedeem, NoQuery]) -> Joined:
+    return await invitations.redeem(call.ctx.store, call.body)
 
 
 async def list_members(call: Call[NoBody, PageQuery]) -> MemberPage:
@@ -60,14 +83,67 @@ OPERATIONS = [
     ),
     Operation(
         "POST",
-        "/v1/tenants/{id}/members",
-        add_member,
-        "Add a member to a tenant (its admins); answers with their first token, shown once",
+        "/v1/tenants/{id}/invitations",
+        invite,
+        "Invite a user into a tenant (its admins). An existing user accepts it themself; "
+        "a new user redeems the one-time code in this answer. Nobody gets a token for another.",
         "tenants",
-        MemberCreated,
+        InvitationCreated,
         status=201,
-        body=MemberCreate,
+        body=InvitationCreate,
         errors=(403, 404, 409),
+    ),
+    Operation(
+        "GET",
+        "/v1/tenants/{id}/invitations",
+        list_tenant_invitations,
+        "List a tenant's invitations (its admins; codes are never shown again)",
+        "tenants",
+        InvitationPage,
+        query=PageQuery,
+        errors=(403, 404),
+    ),
+    Operation(
+        "DELETE",
+        "/v1/tenants/{id}/invitations/{invitation}",
+        revoke_invitation,
+        "Revoke an open invitation (its tenant's admins)",
+        "tenants",
+        status=204,
+        errors=(403, 404),
+    ),
+    Operation(
+        "GET",
+        "/v1/invitations",
+        list_my_invitations,
+        "List the open invitations addressed to you",
+        "tenants",
+        InvitationPage,
+        query=PageQuery,
+    ),
+    Operation(
+        "POST",
+        "/v1/invitations/{id}/accept",
+        accept_invitation,
+        "Accept an invitation addressed to you: you join its tenant, with a token of your own "
+        "for it (shown once)",
+        "tenants",
+        Joined,
+        status=201,
+        errors=(404, 409),
+    ),
+    Operation(
+        "POST",
+        "/v1/invitations/redeem",
+        redeem_invitation,
+        "A new user redeems their one-time invitation code: the user is made, with their first "
+        "token (shown once). No API token needed.",
+        "tenants",
+        Joined,
+        status=201,
+        body=InvitationRedeem,
+        auth=False,
+        errors=(404, 409),
     ),
     Operation(
         "GET",

@@ -12,6 +12,10 @@ from einsora.api.schemas.common import Label, Page, RequestBody
 class TokenCreate(RequestBody):
     name: Label
     expires_in_days: int | None = Field(default=None, ge=1, le=3650)
+    operator: bool = Field(
+        default=False,
+        description="carry operator rights: only an operator token may ask, for its own user",
+    )
 
 
 class TokenOut(BaseModel):
@@ -22,6 +26,7 @@ class TokenOut(BaseModel):
     created_at: datetime
     expires_at: datetime | None
     last_used_at: datetime | None
+    operator: bool
 
 
 class TokenCreated(BaseModel):
@@ -32,6 +37,7 @@ class TokenCreated(BaseModel):
     token: str = Field(description="the secret, `tsk_…`: shown now and never again")
     created_at: datetime
     expires_at: datetime | None
+    operator: bool = False
 
 
 class TokenPage(Page[TokenOut]):

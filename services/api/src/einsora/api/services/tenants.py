@@ -2,7 +2,8 @@
 
 A token acts in one tenant. The operator (the owner, in Solo) creates tenants and may address
 any of them; anyone else sees only their token's tenant, and any other tenant id answers 404.
-A tenant's admins add members; each new member gets a first token, shown once.
+Members join by invitation (`services/invitations.py`, ADR-0008); nobody is given a token for
+someone else.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from einsora.api.errors import Conflict, Forbidden, NotFound
 from einsora.api.pagination import cursor_str, encode_cursor
 from einsora.api.schemas.common import PageQuery
 from einsora.api.schemas.tenants import (
-    MemberCreate,
-    MemberCreated,
     MemberOut,
     MemberPage,
     MeOut,
@@ -28,7 +27,6 @@ from einsora.api.schemas.tenants import (
     TenantRef,
     UserOut,
 )
-from einsora.api.services import tokens
 from einsora.api.store import Store
 from einsora.common.ids import is_id, new_id
 from einsora.common.schemas import utcnow
@@ -72,7 +70,7 @@ async def list_tenants(store: Store, principal: Principal, query: PageQuery) -> 
     return TenantPage(items=items, next_cursor=encode_cursor(items[-1].id) if more else None)
 
 
-async def _tenant(conn: AsyncConnection, principal: Principal, tenant_id: str) -> TenantRef:
+async def visible_tenant(conn: AsyncConnection, principal: Principal, tenant_id: str) -> TenantRef:
     """A tenant the caller may address, else 404 (never 403: its existence is not told)."""
     visible = principal.is_operator or tenant_id == principal.tenant_id
     row = None
@@ -85,50 +83,6 @@ async def _tenant(conn: AsyncConnection, principal: Principal, tenant_id: str) -
     if row is None:
         raise NotFound(f"no tenant {tenant_id!r}")
     return TenantRef(id=row.id, name=row.name)
-
-
-async def add_member(
-    store: Store, principal: Principal, tenant_id: str, body: MemberCreate
-) -> MemberCreated:
-    """Add a user (made if new) to a tenant, with a first token for that tenant."""
-    now = utcnow()
-    async with store.write() as conn:
-        tenant = await _tenant(conn, principal, tenant_id)
-        if not (principal.is_operator or principal.is_admin):
-            raise Forbidden("only a tenant's admins add members")
-        user_id = await conn.scalar(
-            sa.select(m.users.c.id).where(m.users.c.username == body.username)
-        )
-        if user_id is None:
-            user_id = new_id("user")
-            await conn.execute(
-                sa.insert(m.users).values(id=user_id, username=body.username, created_at=now)
-            )
-        else:
-            already = await conn.scalar(
-                sa.select(m.members.c.role).where(
-                    m.members.c.tenant_id == tenant.id, m.members.c.user_id == user_id
-                )
-            )
-            if already is not None:
-                raise Conflict(
-                    f"{body.username} is a member of {tenant.name} already", code="already_member"
-                )
-        await conn.execute(
-            sa.insert(m.members).values(
-                tenant_id=tenant.id, user_id=user_id, role=body.role.value, created_at=now
-            )
-        )
-        token = await tokens.issue(
-            conn, tenant_id=tenant.id, user_id=user_id, name=f"first token in {tenant.name}"
-        )
-    return MemberCreated(
-        user=UserOut(id=user_id, username=body.username),
-        tenant=tenant,
-        role=body.role,
-        created_at=now,
-        token=token,
-    )
 
 
 async def list_members(
@@ -144,7 +98,7 @@ async def list_members(
         stmt = stmt.where(m.users.c.id > after)
     stmt = stmt.order_by(m.users.c.id).limit(query.limit + 1)
     async with store.read() as conn:
-        tenant = await _tenant(conn, principal, tenant_id)
+        tenant = await visible_tenant(conn, principal, tenant_id)
         rows = (await conn.execute(stmt)).all()
     items = [
         MemberOut(

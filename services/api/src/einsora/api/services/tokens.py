@@ -1,7 +1,9 @@
 """API tokens: issue (the secret returned once, its hash stored), list, revoke.
 
-A token belongs to one user in one tenant; a user sees and revokes only their own tokens, and
-anyone else's token id answers 404.
+A token belongs to one user in one tenant, and is only ever minted for the caller themself (or
+for a new user redeeming their invitation: ADR-0008). A user sees and revokes only their own
+tokens, and anyone else's token id answers 404. Operator rights are the token's own: only an
+operator token may mint another one that carries them.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from einsora.api import models as m
 from einsora.api.auth import Principal, new_secret, secret_hash
-from einsora.api.errors import NotFound
+from einsora.api.errors import Forbidden, NotFound
 from einsora.api.pagination import cursor_str, encode_cursor
 from einsora.api.schemas.common import PageQuery
 from einsora.api.schemas.tokens import TokenCreate, TokenCreated, TokenOut, TokenPage
@@ -29,6 +31,7 @@ async def issue(
     user_id: str,
     name: str,
     expires_in_days: int | None = None,
+    operator: bool = False,
     now: datetime | None = None,
 ) -> TokenCreated:
     """A new token for `user_id` in `tenant_id`, inside the caller's transaction."""
@@ -45,12 +48,23 @@ async def issue(
             secret_sha256=secret_hash(secret),
             created_at=now,
             expires_at=expires_at,
+            operator=operator,
         )
     )
-    return TokenCreated(id=token_id, name=name, token=secret, created_at=now, expires_at=expires_at)
+    return TokenCreated(
+        id=token_id,
+        name=name,
+        token=secret,
+        created_at=now,
+        expires_at=expires_at,
+        operator=operator,
+    )
 
 
 async def create(store: Store, principal: Principal, body: TokenCreate) -> TokenCreated:
+    """A token for the caller, in the caller's tenant; operator rights only from an operator."""
+    if body.operator and not principal.is_operator:
+        raise Forbidden("only an operator token may make a token with operator rights")
     async with store.write() as conn:
         return await issue(
             conn,
@@ -58,6 +72,7 @@ async def create(store: Store, principal: Principal, body: TokenCreate) -> Token
             user_id=principal.user_id,
             name=body.name,
             expires_in_days=body.expires_in_days,
+            operator=body.operator,
         )
 
 
@@ -77,6 +92,7 @@ async def list_tokens(store: Store, principal: Principal, query: PageQuery) -> T
         m.api_tokens.c.created_at,
         m.api_tokens.c.expires_at,
         m.api_tokens.c.last_used_at,
+        m.api_tokens.c.operator,
     ).where(_own(principal))
     after = cursor_str(query.cursor)
     if after is not None:
