@@ -12,10 +12,13 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from einsora.agent import identity as machine_identity
 from einsora.agent.service import AgentService, DriverName
 from einsora.api.service import ApiService
+from einsora.common.bus import identities
 from einsora.common.embedded_nats import EmbeddedNats, port_is_free
 from einsora.common.errors import PortInUse
 from einsora.common.service import Service
@@ -54,15 +57,44 @@ class ControlPlane:
     ) -> None:
         self.settings = settings
         self.nats: EmbeddedNats | None = None
+        self._agent_driver = agent_driver
+        self._agent_options = agent_options or {}
         if settings.nats_url is None:
-            self.nats = EmbeddedNats(settings.data_dir / "nats", port=settings.nats_port)
+            # Every client of our own server authenticates (ADR-0009): each service, and this
+            # machine's agent, gets an identity of its own, made once and kept in the data dir.
+            credentials = settings.data_dir / "bus"
+            self.nats = EmbeddedNats(
+                settings.data_dir / "nats",
+                port=settings.nats_port,
+                authorization=self._authorization(credentials),
+            )
+            self.settings = settings.model_copy(update={"nats_credentials_dir": credentials})
         self.api: ApiService | None = None
         self.scheduler: SchedulerService | None = None
         self.proxy: ProxyService | None = None
         self.agent: AgentService | None = None
-        self._agent_driver = agent_driver
-        self._agent_options = agent_options or {}
         self._started: list[Service] = []
+
+    def _authorization(self, credentials: Path) -> str:
+        """The server's users: the services Solo runs, and the agent with its machines' keys."""
+        users = {
+            name: (
+                identities.ensure_identity(credentials, name),
+                identities.service_permissions(name),
+            )
+            for name in (identities.API, identities.SCHEDULER, identities.PROXY)
+        }
+        agent = machine_identity.resolve_machine_id(
+            self.settings.data_dir, self._agent_options.get("machine_id")
+        )
+        machines = machine_identity.sim_machine_ids(
+            agent, self._agent_options.get("sim_machines", 1)
+        )
+        users[agent] = (
+            identities.ensure_identity(credentials, agent),
+            identities.agent_permissions(agent, machines),
+        )
+        return identities.authorization_conf(users)
 
     @property
     def nats_url(self) -> str:

@@ -79,8 +79,11 @@ class EmbeddedNats:
         max_memory_store: str = "256MB",
         max_file_store: str = "10GB",
         port_flag: str = "--nats-port",
+        authorization: str | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        self.authorization = authorization
+        """An `authorization { … }` block (identities.authorization_conf); None: no auth."""
         self.host = host
         self.port = port
         self._port_flag = port_flag
@@ -105,11 +108,17 @@ class EmbeddedNats:
         return self._process is not None and self._process.poll() is None
 
     def _write_config(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         store = self.data_dir / "jetstream"
         port = self.port if self.port else -1
-        self.config_file.write_text(
-            f"""# Written by Einsora at every start; edits are overwritten.
+        # The config names who may connect; like everything in the data dir, only we read it.
+        fd = os.open(self.config_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self._config_text(store, port))
+
+    def _config_text(self, store: Path, port: int) -> str:
+        return f"""# Written by Einsora at every start; edits are overwritten.
 listen: "{self.host}:{port}"
 server_name: "einsora"
 log_file: "{self.log_file}"
@@ -123,8 +132,7 @@ jetstream {{
   max_memory_store: {self._max_memory_store}
   max_file_store: {self._max_file_store}
 }}
-"""
-        )
+""" + (self.authorization or "")
 
     def start(self, timeout: float = 10.0) -> None:
         """Start the server and return once it accepts clients."""

@@ -34,6 +34,12 @@ class Settings(BaseSettings):
         description="SQLAlchemy URL of the store; unset: SQLite at <data_dir>/einsora.db",
     )
     data_dir: Path = Field(default_factory=default_data_dir)
+    nats_credentials_dir: Path | None = Field(
+        default=None,
+        description="Where each bus identity's nkey seed lives (`<identity>.nk`, mode 0600). "
+        "Unset: connect without credentials (a server without authorization, as in tests). "
+        "Solo sets it to <data_dir>/bus and makes the seeds (ADR-0009).",
+    )
     region: str = "local"
     api_port: int = Field(default=8080, ge=0, le=65535)
     proxy_port: int = Field(default=8081, ge=0, le=65535)

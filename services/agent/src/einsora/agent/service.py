@@ -30,7 +30,7 @@ from einsora.agent.machine import MachineAgent
 from einsora.agent.publisher import ObservedPublisher
 from einsora.agent.records import RecordStore
 from einsora.agent.supervisor import Timing
-from einsora.common.bus import bind_bucket, connect, names, provision
+from einsora.common.bus import bind_bucket, connect, identities, names, provision
 from einsora.common.errors import ConfigError, EinsoraError
 from einsora.common.schemas import Inventory
 from einsora.common.settings import Settings
@@ -118,10 +118,15 @@ class AgentService:
 
     async def start(self) -> None:
         url = self.settings.effective_nats_url
+        credentials_dir = self.settings.nats_credentials_dir
         nc = await connect(
             url,
             name=f"einsora-agent {self._inbox_machine}",
             inbox_prefix=names.agent_inbox_prefix(self._inbox_machine),
+            # A machine's identity is its machine id; its permissions reach its own keys only.
+            credentials=None
+            if credentials_dir is None
+            else identities.load_identity(credentials_dir, self._inbox_machine),
         )
         self._nc = nc
         js = nc.jetstream()

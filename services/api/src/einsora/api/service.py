@@ -28,7 +28,8 @@ from einsora.api.outbox import OutboxRelay
 from einsora.api.redeemer import TicketRedeemer
 from einsora.api.store import Store
 from einsora.api.timeline import TimelineConsumer
-from einsora.common.bus import connect, provision
+from einsora.common.bus import connect_as, identities, provision
+from einsora.common.bus.provision import ALL_BUT_ROUTES
 from einsora.common.catalog import Catalog
 from einsora.common.errors import PortInUse
 from einsora.common.schemas import utcnow
@@ -92,9 +93,13 @@ class ApiService:
             self.store = Store(self.settings.effective_database_url)
             await self.store.migrate()
             self.owner_token_created = await ensure_owner(self.store, self.settings.data_dir)
-            self.nc = await connect(self.settings.effective_nats_url, name="einsora-api")
+            self.nc = await connect_as(
+                self.settings.effective_nats_url,
+                identities.API,
+                self.settings.nats_credentials_dir,
+            )
             js = self.nc.jetstream()
-            await provision(js)
+            await provision(js, only=ALL_BUT_ROUTES)
             self._timeline = TimelineConsumer(self.store, js)
             await self._timeline.start()
             await self._machines.start(self.nc, js)

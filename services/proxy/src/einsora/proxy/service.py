@@ -10,7 +10,7 @@ import aiohttp
 from aiohttp import web
 from nats.aio.client import Client as NATS
 
-from einsora.common.bus import connect, provision
+from einsora.common.bus import connect_as, identities, names, provision
 from einsora.common.schemas import Route
 from einsora.common.settings import Settings
 from einsora.proxy.app import ProxyState, create_app
@@ -48,9 +48,13 @@ class ProxyService:
         self.port: int = settings.proxy_port
 
     async def start(self) -> None:
-        self._nc = await connect(self._settings.effective_nats_url, name="einsora-proxy")
+        self._nc = await connect_as(
+            self._settings.effective_nats_url,
+            identities.PROXY,
+            self._settings.nats_credentials_dir,
+        )
         js = self._nc.jetstream()
-        await provision(js)
+        await provision(js, only=(names.ROUTES.stream,))
         self._routes = RouteTable(on_removed=self.sessions.end_site)
         await self._routes.start(js)
         self._client = aiohttp.ClientSession(

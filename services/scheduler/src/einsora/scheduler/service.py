@@ -20,7 +20,14 @@ from nats.js.errors import NoKeysError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
-from einsora.common.bus import DurableConsumer, connect, names, provision, request_id_of
+from einsora.common.bus import (
+    DurableConsumer,
+    connect_as,
+    identities,
+    names,
+    provision,
+    request_id_of,
+)
 from einsora.common.catalog import Catalog
 from einsora.common.errors import ConfigError, EinsoraError
 from einsora.common.schemas import WorkloadIntent
@@ -97,8 +104,11 @@ class SchedulerService:
             raise
 
     async def _start(self) -> None:
-        self._nc = await connect(
-            self.settings.effective_nats_url, name=f"einsora-scheduler-{self.region}"
+        self._nc = await connect_as(
+            self.settings.effective_nats_url,
+            identities.SCHEDULER,
+            self.settings.nats_credentials_dir,
+            name=f"einsora-scheduler-{self.region}",
         )
         js = self._nc.jetstream()
         await provision(js)

@@ -1,7 +1,7 @@
 """The bus: names (the only place they are spelled), connection, provisioning, publishing."""
 
-from einsora.common.bus import names
-from einsora.common.bus.connect import connect
+from einsora.common.bus import identities, names
+from einsora.common.bus.connect import connect, connect_as
 from einsora.common.bus.consumer import DurableConsumer
 from einsora.common.bus.kv import bind_bucket, watch_key
 from einsora.common.bus.provision import ProvisionReport, provision, stream_configs
@@ -12,6 +12,8 @@ __all__ = [
     "ProvisionReport",
     "bind_bucket",
     "connect",
+    "connect_as",
+    "identities",
     "message_headers",
     "names",
     "new_traceparent",

@@ -9,6 +9,7 @@ would purge every machine's keys) and bound its value size (DESIGN.md, "The bus 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,13 @@ class ProvisionReport:
     created: tuple[str, ...]
     updated: tuple[str, ...]
     unchanged: tuple[str, ...]
+
+
+ALL_BUT_ROUTES: tuple[str, ...] = (
+    *(s.name for s in names.STREAMS),
+    *(b.stream for b in names.BUCKETS if b is not names.ROUTES),
+)
+"""What the api provisions: every stream but the routes bucket, which its identity cannot reach."""
 
 
 def stream_configs(replicas: int = 1) -> list[StreamConfig]:
@@ -90,13 +98,21 @@ def _differs(wanted: StreamConfig, current: StreamConfig) -> list[str]:
     return sorted(k for k, v in wanted_d.items() if current_d.get(k) != v)
 
 
-async def provision(js: JetStreamContext, *, replicas: int = 1) -> ProvisionReport:
-    """Create missing streams and buckets; update those whose declared settings changed."""
+async def provision(
+    js: JetStreamContext, *, replicas: int = 1, only: Collection[str] | None = None
+) -> ProvisionReport:
+    """Create missing streams and buckets; update those whose declared settings changed.
+
+    `only` names the streams to look after (a service whose bus identity may not touch the
+    others, ADR-0009); every stream when None.
+    """
     created: list[str] = []
     updated: list[str] = []
     unchanged: list[str] = []
     for config in stream_configs(replicas):
         assert config.name is not None
+        if only is not None and config.name not in only:
+            continue
         try:
             info = await js.stream_info(config.name)
         except NotFoundError:

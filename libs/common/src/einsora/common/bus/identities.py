@@ -1,0 +1,298 @@
+"""Who may do what on the bus: one identity per service (and per machine), each with only the
+subjects it needs (ADR-0009).
+
+Every NATS client authenticates, in Solo too. An identity is an nkey: the server's config holds
+only its public key, and the client proves it holds the seed, kept 0600 in
+`<credentials dir>/<identity>.nk`. The permission templates here are the only place that says
+which subjects each service may use:
+- only the api answers `access.redeem`;
+- only the scheduler writes machines' `desired` keys and publishes workload events;
+- only the proxy (and later the gateway) read the `routes` bucket, which holds workloads' tokens;
+- an agent reaches its own machine's keys and nothing else (the template FIELD-NOTES checked).
+Each identity has its own inbox prefix, so no one reads another's replies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nkeys
+
+from einsora.common.bus import names
+from einsora.common.errors import ConfigError
+
+API = "api"
+SCHEDULER = "scheduler"
+PROXY = "proxy"
+GATEWAY = "gateway"
+ACCOUNTING = "accounting"
+SERVICES = (API, SCHEDULER, PROXY, GATEWAY, ACCOUNTING)
+
+SEED_SUFFIX = ".nk"
+
+
+@dataclass(frozen=True)
+class Permissions:
+    """A NATS user's permissions: allow-lists (denials win over them), and replies."""
+
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    publish_deny: tuple[str, ...] = ()
+    allow_responses: bool = False
+
+    def to_conf(self) -> str:
+        """The `permissions { … }` block of a nats-server config."""
+        publish = f"allow: {_list(self.publish)}"
+        if self.publish_deny:
+            publish += f", deny: {_list(self.publish_deny)}"
+        text = f"publish: {{{publish}}}, subscribe: {{allow: {_list(self.subscribe)}}}"
+        if self.allow_responses:
+            text += ", allow_responses: true"
+        return f"{{{text}}}"
+
+
+def _list(items: Iterable[str]) -> str:
+    for item in items:
+        if '"' in item or "\\" in item:
+            raise ValueError(f"not a subject: {item!r}")
+    return "[" + ", ".join(f'"{i}"' for i in items) + "]"
+
+
+def inbox_prefix(identity: str) -> str:
+    """Each identity's own inbox prefix (`_INBOX_<identity>`)."""
+    return names.agent_inbox_prefix(identity)
+
+
+def _provisions(*streams: str) -> list[str]:
+    return [
+        f"$JS.API.STREAM.{verb}.{stream}"
+        for stream in streams
+        for verb in ("INFO", "CREATE", "UPDATE")
+    ]
+
+
+def _consumes(stream: str) -> list[str]:
+    """Durable or ephemeral consumers of any filter on `stream`, their messages and acks."""
+    return [
+        f"$JS.API.STREAM.INFO.{stream}",
+        f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.>",
+        f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.>",
+        f"$JS.API.CONSUMER.INFO.{stream}.>",
+        f"$JS.API.CONSUMER.DELETE.{stream}.>",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>",
+        f"$JS.ACK.{stream}.>",
+        f"$JS.FC.{stream}.>",
+    ]
+
+
+def _reads_bucket(bucket: names.BucketName) -> list[str]:
+    """Every key of a bucket: gets and watches."""
+    return [
+        f"$JS.API.DIRECT.GET.{bucket.stream}",
+        f"$JS.API.DIRECT.GET.{bucket.stream}.>",
+        f"$JS.API.STREAM.MSG.GET.{bucket.stream}",
+        *_consumes(bucket.stream),
+    ]
+
+
+# What no service may do to the bus's history, whatever else it is allowed.
+_NEVER = (
+    "$JS.API.STREAM.DELETE.>",
+    "$JS.API.STREAM.PURGE.>",
+    "$JS.API.STREAM.MSG.DELETE.>",
+)
+
+
+def service_permissions(identity: str) -> Permissions:
+    """The permission template of a control-plane service."""
+    inbox = f"{inbox_prefix(identity)}.>"
+    everything_but_routes = [
+        *(s.name for s in names.STREAMS),
+        *(b.stream for b in names.BUCKETS if b is not names.ROUTES),
+    ]
+    if identity == API:
+        return Permissions(
+            publish=(
+                "$JS.API.INFO",
+                *_provisions(*everything_but_routes),
+                "intent.>",
+                *_consumes(names.EVENTS.name),
+                # It watches inventories and observed states for /v1/machines. nats-py's
+                # watch creates consumers through the unfiltered API, so this cannot be
+                # narrowed to those keys (ADR-0009 names the residual).
+                *_reads_bucket(names.MACHINES),
+            ),
+            publish_deny=(*_NEVER, names.DESIRED_SUBJECTS),
+            subscribe=(inbox, names.ACCESS_REDEEM_SUBJECT),
+            allow_responses=True,
+        )
+    if identity == SCHEDULER:
+        return Permissions(
+            publish=(
+                "$JS.API.INFO",
+                *_provisions(*everything_but_routes, names.ROUTES.stream),
+                names.EVENTS_FILTER,
+                *_consumes(names.INTENTS.name),
+                *_reads_bucket(names.MACHINES),
+                names.DESIRED_SUBJECTS,
+                # It writes and lists routes (it made their tokens); reading a value is the
+                # proxy's and gateway's alone.
+                f"{names.ROUTES.subject_prefix}>",
+                *_consumes(names.ROUTES.stream),
+                *_reads_bucket(names.USAGE_KV),
+            ),
+            publish_deny=(
+                *_NEVER,
+                f"$JS.API.DIRECT.GET.{names.ROUTES.stream}",
+                f"$JS.API.DIRECT.GET.{names.ROUTES.stream}.>",
+                f"$JS.API.STREAM.MSG.GET.{names.ROUTES.stream}",
+            ),
+            subscribe=(inbox,),
+        )
+    if identity == PROXY:
+        return Permissions(
+            publish=(
+                "$JS.API.INFO",
+                *_provisions(names.ROUTES.stream),
+                names.ACCESS_REDEEM_SUBJECT,
+                *_reads_bucket(names.ROUTES),
+            ),
+            publish_deny=_NEVER,
+            subscribe=(inbox,),
+        )
+    if identity == GATEWAY:
+        return Permissions(
+            publish=(
+                "$JS.API.INFO",
+                *_reads_bucket(names.ROUTES),
+                "usage.tokens.*",
+                *_consumes(names.EVENTS.name),
+            ),
+            publish_deny=_NEVER,
+            subscribe=(inbox,),
+        )
+    if identity == ACCOUNTING:
+        return Permissions(
+            publish=(
+                "$JS.API.INFO",
+                *_consumes(names.EVENTS.name),
+                *_consumes(names.USAGE.name),
+                "usage.allocation.*",
+                f"{names.USAGE_KV.subject_prefix}>",
+                f"$JS.API.STREAM.INFO.{names.USAGE_KV.stream}",
+            ),
+            publish_deny=_NEVER,
+            subscribe=(inbox,),
+        )
+    raise ValueError(f"no such service identity: {identity!r}")
+
+
+def agent_permissions(identity: str, machine_ids: Sequence[str] | None = None) -> Permissions:
+    """An agent's: its machines' own keys, their pinned watches, its own inbox; nothing else.
+
+    `identity` is the agent's (its machine id); a sim agent hosting several machines names them
+    in `machine_ids`.
+    """
+    machines = names.MACHINES
+    publish: list[str] = [f"$JS.FC.{machines.stream}.>"]
+    subscribe: list[str] = [f"{names.agent_inbox_prefix(identity)}.>"]
+    for m in machine_ids or [identity]:
+        desired = machines.key_subject(names.desired_key(m))
+        consumer = names.desired_watch_consumer(m)
+        publish += [
+            f"$JS.API.DIRECT.GET.{machines.stream}.{desired}",
+            f"$JS.API.CONSUMER.CREATE.{machines.stream}.{consumer}.{desired}",
+            f"$JS.API.CONSUMER.DELETE.{machines.stream}.{consumer}",
+            machines.key_subject(names.observed_key(m)),
+            machines.key_subject(names.inventory_key(m)),
+        ]
+        subscribe.append(desired)
+    return Permissions(publish=tuple(publish), subscribe=tuple(subscribe))
+
+
+# --- seeds on disk ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Identity:
+    """One bus identity: its name, seed (secret) and public key."""
+
+    name: str
+    seed: str = field(repr=False)
+
+    @property
+    def public_key(self) -> str:
+        key: bytes = nkeys.from_seed(self.seed.encode()).public_key
+        return key.decode()
+
+
+def seed_path(directory: Path, identity: str) -> Path:
+    """`<directory>/<identity>.nk`; the identity is a subject token (a service or machine id)."""
+    inbox_prefix(identity)  # refuses anything that is not a subject token
+    return directory / f"{identity}{SEED_SUFFIX}"
+
+
+def _new_seed() -> str:
+    seed: bytes = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    return seed.decode()
+
+
+def ensure_identity(directory: Path, identity: str) -> Identity:
+    """The identity's seed from `directory`, made (mode 0600) on first use."""
+    path = seed_path(directory, identity)
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(directory, 0o700)
+        if not path.exists():
+            partial = path.with_name(f".{path.name}.partial")
+            with contextlib.suppress(FileNotFoundError):
+                partial.unlink()
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(_new_seed() + "\n")
+            os.replace(partial, path)
+        return load_identity(directory, identity)
+    except OSError as exc:
+        raise ConfigError(f"cannot make the bus credential {path}: {exc}") from exc
+
+
+def load_identity(directory: Path, identity: str) -> Identity:
+    """The identity's seed from `directory`; a clear error when it is missing or unreadable."""
+    path = seed_path(directory, identity)
+    try:
+        seed = path.read_text().strip()
+        nkeys.from_seed(seed.encode())
+    except (OSError, nkeys.NkeysError, ValueError) as exc:
+        raise ConfigError(
+            f"cannot read the bus credential of {identity!r} at {path}: {exc}; "
+            "check EINSORA_NATS_CREDENTIALS_DIR"
+        ) from exc
+    return Identity(identity, seed)
+
+
+def authorization_conf(users: Mapping[str, tuple[Identity, Permissions]]) -> str:
+    """The `authorization { users = [...] }` block: one nkey user per identity."""
+    lines = [
+        f"    {{nkey: {identity.public_key}, permissions: {permissions.to_conf()}}}"
+        for identity, permissions in users.values()
+    ]
+    return "authorization {\n  users = [\n" + ",\n".join(lines) + "\n  ]\n}\n"
+
+
+__all__ = [
+    "SERVICES",
+    "Identity",
+    "Permissions",
+    "agent_permissions",
+    "authorization_conf",
+    "ensure_identity",
+    "inbox_prefix",
+    "load_identity",
+    "seed_path",
+    "service_permissions",
+]
