@@ -21,6 +21,7 @@ from einsora.api.service import ApiService
 from einsora.common.bus import identities
 from einsora.common.embedded_nats import EmbeddedNats, port_is_free
 from einsora.common.errors import PortInUse
+from einsora.common.files import make_private
 from einsora.common.service import Service
 from einsora.common.settings import Settings
 from einsora.proxy.service import ProxyService
@@ -63,6 +64,7 @@ class ControlPlane:
             # Every client of our own server authenticates (ADR-0009): each service, and this
             # machine's agent, gets an identity of its own, made once and kept in the data dir.
             credentials = settings.data_dir / "bus"
+            make_private(settings.data_dir)
             self.nats = EmbeddedNats(
                 settings.data_dir / "nats",
                 port=settings.nats_port,
@@ -111,6 +113,8 @@ class ControlPlane:
         return self.api.owner_token_created if self.api is not None else None
 
     async def start(self) -> None:
+        # Before anything writes there: the store, credentials and tokens are ours alone.
+        make_private(self.settings.data_dir)
         if self.nats is not None:
             self.nats.start()
             # Services connect to the server we started, wherever it listens.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,20 @@ def _on_sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _private_sqlite_file(path: Path) -> None:
+    """The database file (and its WAL and shared-memory files) readable by us alone.
+
+    It holds token hashes and every tenant's workloads. SQLite makes the `-wal` and `-shm`
+    files with the database file's mode, so the file is made 0600 before SQLite opens it.
+    """
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    for each in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        with contextlib.suppress(FileNotFoundError, PermissionError):
+            if each.stat().st_mode & 0o077:
+                os.chmod(each, 0o600)
+
+
 def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
     """An async engine for a supported URL; SQLite files get their parent directory created."""
     parsed = make_url(url)
@@ -49,7 +65,7 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
         if quiet.getEffectiveLevel() < logging.INFO or quiet.level < logging.INFO:
             quiet.setLevel(logging.INFO)
         if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            _private_sqlite_file(Path(parsed.database))
         engine = create_async_engine(parsed, **kwargs)
         event.listen(engine.sync_engine, "connect", _on_sqlite_connect)
         return engine

@@ -12,7 +12,6 @@ number of rows, so each affected machine's desired state is written once per cyc
 from __future__ import annotations
 
 import bisect
-import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -29,6 +28,7 @@ from einsora.common.schemas import (
 )
 from einsora.scheduler.capacity import CapacityIndex, Demand, could_ever_fit, gpus_by_class
 from einsora.scheduler.model import Machine, Row, Workload
+from einsora.scheduler.tokens import WorkloadTokens
 
 
 @dataclass(frozen=True)
@@ -73,9 +73,10 @@ class Changes:
 class Book:
     """Machines, workloads, rows, the queue and the capacity index of one region."""
 
-    def __init__(self, region: str, catalog: Catalog) -> None:
+    def __init__(self, region: str, catalog: Catalog, tokens: WorkloadTokens | None = None) -> None:
         self.region = region
         self.catalog = catalog
+        self.tokens = tokens or WorkloadTokens.ephemeral()
         self.machines: dict[str, Machine] = {}
         self.workloads: dict[str, Workload] = {}
         self.queue: dict[str, list[Workload]] = {}
@@ -187,9 +188,9 @@ class Book:
         row = machine.rows.get(workload.workload_id)
         return None if row is None else (machine, row)
 
-    @staticmethod
-    def new_access_token() -> str:
-        return secrets.token_urlsafe(32)
+    def access_token_for(self, workload_id: str) -> str:
+        """The workload's own token (derived from the key, never stored: tokens.py)."""
+        return self.tokens.for_workload(workload_id)
 
     # --- queue ------------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from einsora.scheduler.model import Liveness
 from einsora.scheduler.observe import check_liveness
 from einsora.scheduler.projection import Projector
 from einsora.scheduler.store import SchedulerStore, Snapshot
+from einsora.scheduler.tokens import WorkloadTokens
 from einsora.scheduler.watch import MachineKey
 
 log = logging.getLogger("einsora.scheduler.engine")
@@ -99,13 +100,15 @@ class Engine:
         timing: Timing,
         *,
         max_inputs_per_cycle: int = 4096,
+        tokens: WorkloadTokens | None = None,
     ) -> None:
         self.region = region
         self.catalog = catalog
         self.store = store
         self.projector = projector
         self.timing = timing
-        self.book = Book(region, catalog)
+        self.tokens = tokens or WorkloadTokens.ephemeral()
+        self.book = Book(region, catalog, self.tokens)
         self._queue: asyncio.Queue[_Input] = asyncio.Queue()
         self._max_inputs = max_inputs_per_cycle
         self.reader = MachineReader(projector)
@@ -119,7 +122,7 @@ class Engine:
     async def load(self) -> None:
         """Rebuild the book from the store (at start, and after a failed commit)."""
         snapshot = await self.store.load(self.region)
-        self.book = _book_from(snapshot, self.region, self.catalog, time.monotonic())
+        self.book = _book_from(snapshot, self.region, self.catalog, time.monotonic(), self.tokens)
         self.reader.forget_reports()
         self.projector.events = list(snapshot.outbox)
 
@@ -284,9 +287,12 @@ class Engine:
                 self._queue.put_nowait(item)
 
 
-def _book_from(snapshot: Snapshot, region: str, catalog: Catalog, now: float) -> Book:
-    book = Book(region, catalog)
+def _book_from(
+    snapshot: Snapshot, region: str, catalog: Catalog, now: float, tokens: WorkloadTokens
+) -> Book:
+    book = Book(region, catalog, tokens)
     for workload in snapshot.workloads:
+        workload.access_token = book.access_token_for(workload.workload_id)
         book.workloads[workload.workload_id] = workload
     for machine in snapshot.machines:
         # A machine gets a full grace period after the scheduler starts, unless it was lost:

@@ -67,7 +67,7 @@ def _create(book: Book, intent: WorkloadIntent, request_id: str | None) -> None:
         count=intent.count,
         spec=dict(intent.spec),
         state=WorkloadState.pending,
-        access_token=book.new_access_token(),
+        access_token=book.access_token_for(intent.workload_id),
         created_at=utcnow(),
         pending_since=intent.at,
         request_id=request_id,

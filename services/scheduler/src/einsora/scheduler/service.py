@@ -35,6 +35,8 @@ from einsora.common.settings import Settings
 from einsora.scheduler.engine import CycleFailed, Engine, Timing
 from einsora.scheduler.projection import Projector
 from einsora.scheduler.store import SchedulerStore
+from einsora.scheduler.tokens import KEY_FILE as TOKENS_KEY_FILE
+from einsora.scheduler.tokens import WorkloadTokens
 from einsora.scheduler.watch import MachineKey, MachinesWatch
 
 log = logging.getLogger("einsora.scheduler")
@@ -117,7 +119,14 @@ class SchedulerService:
         await self._store.forget_old_intents()
         routes = await js.key_value(names.ROUTES.name)
         projector = Projector(js, routes, publish_timeout_s=self._publish_timeout_s)
-        engine = Engine(self.region, self.catalog, self._store, projector, self.timing)
+        engine = Engine(
+            self.region,
+            self.catalog,
+            self._store,
+            projector,
+            self.timing,
+            tokens=WorkloadTokens.from_file(self.settings.data_dir / TOKENS_KEY_FILE),
+        )
         self._engine = engine
         await engine.load()
         engine.start()

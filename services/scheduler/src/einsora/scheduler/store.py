@@ -249,7 +249,6 @@ def _workload_values(w: Workload) -> dict[str, Any]:
         "state": w.state.value,
         "reason": w.reason,
         "machine_id": w.machine_id,
-        "access_token": w.access_token,
         "seq": w.seq,
         "pending_since": w.pending_since,
         "request_id": w.request_id,
@@ -341,7 +340,7 @@ def _workload(r: Any) -> Workload:
         count=r.count,
         spec=json.loads(r.spec),
         state=WorkloadState(r.state),
-        access_token=r.access_token,
+        access_token="",  # derived, never stored: the engine fills it in (tokens.py)
         created_at=r.created_at,
         reason=r.reason,
         machine_id=r.machine_id,

@@ -57,7 +57,6 @@ workloads = sa.Table(
     sa.Column("state", sa.String(16), nullable=False),
     sa.Column("reason", sa.Text, nullable=False),
     sa.Column("machine_id", sa.String(64), nullable=True),
-    sa.Column("access_token", sa.String(128), nullable=False),
     sa.Column("seq", sa.BigInteger, nullable=False),
     sa.Column("pending_since", UtcDateTime, nullable=True),
     sa.Column("request_id", sa.String(128), nullable=True),
