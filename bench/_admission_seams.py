@@ -24,6 +24,14 @@ from einsora.common.schemas import Gpu, Inventory, WorkloadIntent, WorkloadKind
 API_CLIENTS = 64
 """Requests in flight during the burst: a burst is many people (or one script) at once."""
 
+API_LIMITS_OFF = {
+    "EINSORA_API_REQUESTS_PER_MINUTE": "0",
+    "EINSORA_API_LAUNCHES_PER_MINUTE": "0",
+    "EINSORA_TENANT_MAX_WORKLOADS": "0",
+}
+"""The api's rate limits and workload cap, off: the bench launches thousands a minute as one
+token, which is what the limits are there to refuse."""
+
 
 class Launcher(Protocol):
     """Launches workloads; `launched` records when each launch was accepted."""

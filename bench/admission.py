@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import aiohttp
 from _admission_seams import (
     API_CLIENTS,
+    API_LIMITS_OFF,
     ApiLauncher,
     DesiredObserver,
     IntentLauncher,
@@ -67,7 +68,7 @@ def _class_of(i: int) -> str:
 
 def _spawn(tmp: str, url: str, *args: str) -> subprocess.Popen[bytes]:
     command = [str(Path(sys.executable).parent / "einsora"), *args, "--nats", url]
-    env = {**os.environ, "EINSORA_LOG_LEVEL": "WARNING"}
+    env = {**os.environ, "EINSORA_LOG_LEVEL": "WARNING", **API_LIMITS_OFF}
     return subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env)
 
 

@@ -34,6 +34,13 @@ WORKLOADS = 10_000
 CONCURRENCY = 16
 GETS = 2_000
 _LISTENING = re.compile(r"listening on (http://\S+)")
+API_LIMITS_OFF = {
+    "EINSORA_API_REQUESTS_PER_MINUTE": "0",
+    "EINSORA_API_LAUNCHES_PER_MINUTE": "0",
+    "EINSORA_TENANT_MAX_WORKLOADS": "0",
+}
+"""The api's rate limits and workload cap, off: 10,000 launches from one token is what they
+are there to refuse."""
 
 
 def start_api(nats_url: str, data_dir: Path) -> tuple[subprocess.Popen[str], str]:
@@ -51,7 +58,7 @@ def start_api(nats_url: str, data_dir: Path) -> tuple[subprocess.Popen[str], str
         ],
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "EINSORA_LOG_LEVEL": "WARNING"},
+        env={**os.environ, "EINSORA_LOG_LEVEL": "WARNING", **API_LIMITS_OFF},
     )
     assert process.stderr is not None
     for line in process.stderr:

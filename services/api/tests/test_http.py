@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from einsora.api.openapi import openapi_document
 from einsora.api.routers import all_operations
-from einsora.api.testing import RunningApi
+from einsora.api.testing import RunningApi, running_api
 from einsora.common import logs
+from einsora.common.settings import Settings
+from einsora.common.testing import Bus
 
 
 async def test_health_and_readiness(shared_api: RunningApi) -> None:
@@ -19,11 +22,25 @@ async def test_health_and_readiness(shared_api: RunningApi) -> None:
     assert ready.body == {"status": "ready", "checks": {"store": "ok", "bus": "ok"}}
 
 
-async def test_metrics_count_requests_by_route_template_and_status(shared_api: RunningApi) -> None:
-    api = shared_api
-    await api.owner.get("/v1/workloads/w-0000000000000000000a")
-    await api.owner.get("/v1/nothing-here")
-    text = (await api.client(None).get("/metrics")).text
+async def test_metrics_count_requests_by_route_template_and_status_on_their_own_port(
+    bus: Bus, sqlite_url: str, data_dir: Path
+) -> None:
+    settings = Settings(
+        nats_url=bus.url, database_url=sqlite_url, data_dir=data_dir, api_metrics_port=0
+    )
+    async with running_api(settings) as api:
+        await api.owner.get("/v1/workloads/w-0000000000000000000a")
+        await api.owner.get("/v1/nothing-here")
+        on_api_port = await api.client(None).get("/metrics")
+        assert api.service.metrics_port is not None
+        metrics = f"http://127.0.0.1:{api.service.metrics_port}"
+        async with api.session.get(metrics + "/metrics") as resp:
+            assert resp.status == 200
+            text = await resp.text()
+        async with api.session.get(metrics + "/v1/me") as resp:
+            assert resp.status == 404
+    assert on_api_port.status == 404
+    assert on_api_port.body["error"] == "not_found"
     assert (
         'einsora_api_requests_total{method="GET",route="/v1/workloads/{id}",status="404"}' in text
     )

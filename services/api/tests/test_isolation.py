@@ -34,6 +34,8 @@ ATTEMPTS: list[tuple[str, str, str, object]] = [
     ("GET", "/v1/tenants/{id}/invitations", "tenant_id", None),
     ("DELETE", "/v1/tenants/{id}/invitations/{invitation}", "tenant_id", None),
     ("GET", "/v1/tenants/{id}/members", "tenant_id", None),
+    ("GET", "/v1/tenants/{id}/limits", "tenant_id", None),
+    ("PUT", "/v1/tenants/{id}/limits", "tenant_id", {"max_workloads": 1}),
     ("POST", "/v1/invitations/{id}/accept", "invitation_id", None),
 ]
 

@@ -65,3 +65,32 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite+aiosqlite:///{self.data_dir / 'einsora.db'}"
+
+    # api limits
+    api_requests_per_minute: int = Field(
+        default=1200,
+        ge=0,
+        description="Requests one API token may make per minute (429 with Retry-After past it); "
+        "0: no limit",
+    )
+    api_launches_per_minute: int = Field(
+        default=300,
+        ge=0,
+        description="Launches (POST /v1/workloads) one API token may make per minute; 0: no limit",
+    )
+    tenant_max_workloads: int = Field(
+        default=100,
+        ge=0,
+        description="A tenant's workloads that are not removed, unless the operator set its own "
+        "cap (PUT /v1/tenants/{id}/limits); 0: no cap",
+    )
+    api_metrics_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Serve the api's Prometheus /metrics on this port of api_metrics_host (never "
+        "on the API port); unset: not served; 0: any free port",
+    )
+    api_metrics_host: str = Field(
+        default="127.0.0.1", description="Where /metrics listens: loopback unless set"
+    )

@@ -1,5 +1,9 @@
 """The Starlette app: the declared operations, the edge middleware, /openapi.json, and JSON
-errors for unknown routes (404) and wrong methods (405)."""
+errors for unknown routes (404) and wrong methods (405).
+
+A path with a trailing slash is an unknown route, not a redirect: Starlette's redirect would
+build its `Location` from the request's `Host` header, which the caller chooses.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +29,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     request_id: str = request.scope["state"]["request_id"]
     error: ApiError
     if exc.status_code == 404:
-        error = NotFound(f"no route {request.url.path}")
+        path = request.url.path
+        hint = "; paths end without a slash" if len(path) > 1 and path.endswith("/") else ""
+        error = NotFound(f"no route {path}{hint}")
     elif exc.status_code == 405:
         error = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}")
         error.headers = dict(exc.headers or {})
@@ -45,8 +51,10 @@ def create_app(ctx: ApiContext) -> Starlette:
 
     routes = operation_routes(operations, ctx)
     routes.append(Route("/openapi.json", openapi, methods=["GET"]))
-    return Starlette(
+    app = Starlette(
         routes=routes,
         middleware=[Middleware(EdgeMiddleware, metrics=ctx.metrics)],
         exception_handlers={HTTPException: _http_error},
     )
+    app.router.redirect_slashes = False
+    return app

@@ -78,8 +78,14 @@ class Conflict(ApiError):
 
 
 class PayloadTooLarge(ApiError):
+    """The body is over the limit, declared or as it streams; the connection is closed after."""
+
     status = 413
     code = "payload_too_large"
+
+    def __init__(self, message: str) -> None:
+        # Closed, so the rest of a body that is not read is never read either.
+        super().__init__(message, headers={"Connection": "close"})
 
 
 class Unprocessable(ApiError):
@@ -87,6 +93,14 @@ class Unprocessable(ApiError):
 
     status = 422
     code = "validation_error"
+
+
+class RateLimited(ApiError):
+    """An API token is over one of its rate limits; `Retry-After` says when to try again."""
+
+    status = 429
+    code = "rate_limited"
+    retryable = True
 
 
 class Unavailable(ApiError):

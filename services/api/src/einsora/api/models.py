@@ -1,5 +1,5 @@
 """The api's tables (SQLAlchemy Core): tenants, users, members, invitations, API tokens,
-workloads, timeline, outbox, idempotency keys and access tickets.
+workloads, timeline, outbox, idempotency keys, access tickets and tenant limits.
 
 The api owns these tables and no other service reads them (DESIGN.md). Every time is stored in
 UTC and read back timezone-aware; the migrations in `migrations/versions` create exactly this
@@ -193,4 +193,14 @@ access_tickets = sa.Table(
     sa.Column("mint_request_id", sa.String(64), nullable=False),
     sa.Column("redeem_request_id", sa.String(64), nullable=True),
     sa.Index(None, "workload_id"),
+)
+
+tenant_limits = sa.Table(
+    "tenant_limits",
+    metadata,
+    sa.Column("tenant_id", ID, sa.ForeignKey("tenants.id"), primary_key=True),
+    # The operator's cap on the tenant's workloads that are not removed; NULL: no cap. A tenant
+    # without a row has the default cap of the settings (`tenant_max_workloads`).
+    sa.Column("max_workloads", sa.Integer(), nullable=True),
+    sa.Column("updated_at", UtcDateTime(), nullable=False),
 )

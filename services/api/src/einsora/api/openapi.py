@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaValue, models_json_schema
 
+from einsora.api.middleware import MAX_BODY_BYTES
 from einsora.api.operation import Operation
 from einsora.api.schemas.common import ErrorBody, NoQuery
 
@@ -26,8 +27,9 @@ _ERROR_TEXT = {
     403: "Not allowed to do this",
     404: "No such object in this tenant",
     409: "The object's state or an existing object forbids this",
-    413: "Body over 1 MiB",
+    413: f"Body over {MAX_BODY_BYTES // 1024} KiB",
     422: "A field breaks the schema; `details` names it",
+    429: "Over a rate limit of this API token (`details` names it); retry after `Retry-After` s",
     503: "The store or the bus cannot answer now",
 }
 
@@ -116,7 +118,7 @@ def _operation(
         }
     errors = set(op.errors)
     if op.auth:
-        errors |= {401, 503}
+        errors |= {401, 429, 503}
     if op.body is not None:
         errors |= {400, 413, 422}
     if op.query is not NoQuery or op.headers:

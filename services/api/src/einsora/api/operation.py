@@ -1,9 +1,10 @@
 """One declared API operation: its path, models, auth, and the thin edge that runs it.
 
 Each router declares its `Operation`s; this module turns one into a Starlette route that
-authenticates, parses the query and the body (size-limited) with the operation's own pydantic
-models, calls the handler, and shapes the reply. The same declarations generate /openapi.json
-(`openapi.py`), so the document cannot drift from what is validated.
+authenticates, applies the token's rate limits, parses the query and the body (its size is
+limited as it is read, by `middleware.py`) with the operation's own pydantic models, calls the
+handler, and shapes the reply. The same declarations generate /openapi.json (`openapi.py`), so
+the document cannot drift from what is validated.
 """
 
 from __future__ import annotations
@@ -26,18 +27,17 @@ from einsora.api.errors import (
     ApiError,
     BadRequest,
     Conflict,
-    PayloadTooLarge,
     Unavailable,
     Unprocessable,
     error_response,
 )
 from einsora.api.schemas.common import NoBody, NoQuery, as_details
+from einsora.api.services.limits import RateLimits
 from einsora.common import logs
 from einsora.common.errors import EinsoraError
 
 log = logging.getLogger("einsora.api.http")
 
-MAX_BODY_BYTES = 1024 * 1024
 _TRACEPARENT_RE = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 
 BodyT = TypeVar("BodyT", bound=BaseModel)
@@ -107,6 +107,8 @@ class Operation:
     in_schema: bool = True
     media_type: str = "application/json"
     extra_responses: Mapping[int, type[BaseModel]] = field(default_factory=dict)
+    launch: bool = False
+    """Counts against the token's launches per minute as well as its requests."""
 
     @property
     def operation_id(self) -> str:
@@ -118,19 +120,20 @@ def routes(operations: Sequence[Operation], ctx: ApiContext) -> list[Route]:
     by_path: dict[str, dict[str, Operation]] = {}
     for op in operations:
         by_path.setdefault(op.path, {})[op.method] = op
-    return [_route(path, ops, ctx) for path, ops in by_path.items()]
+    rate_limits = RateLimits.from_settings(ctx.settings)
+    return [_route(path, ops, ctx, rate_limits) for path, ops in by_path.items()]
 
 
-def _route(path: str, ops: dict[str, Operation], ctx: ApiContext) -> Route:
+def _route(path: str, ops: dict[str, Operation], ctx: ApiContext, limits: RateLimits) -> Route:
     async def endpoint(request: Request) -> Response:
         method = "GET" if request.method == "HEAD" else request.method
-        return await _run(ops[method], ctx, request)
+        return await _run(ops[method], ctx, limits, request)
 
     endpoint.__name__ = "_".join(op.operation_id for op in ops.values())
     return Route(path, endpoint, methods=list(ops))
 
 
-async def _run(op: Operation, ctx: ApiContext, request: Request) -> Response:
+async def _run(op: Operation, ctx: ApiContext, limits: RateLimits, request: Request) -> Response:
     request_id: str = request.scope["state"]["request_id"]
     try:
         principal = None
@@ -138,6 +141,7 @@ async def _run(op: Operation, ctx: ApiContext, request: Request) -> Response:
             principal = await authenticate(ctx.store, request.headers.get("authorization"))
             request.scope["einsora.tenant"] = principal.tenant_id
             request.scope["einsora.subject"] = principal.user_id
+            await limits.check(principal, launch=op.launch)
         with logs.bind(
             tenant=principal.tenant_id if principal else None,
             subject=principal.user_id if principal else None,
@@ -178,18 +182,11 @@ def _render(reply: Reply, op: Operation) -> Response:
     return Response(reply.model_dump_json(), status_code=op.status, media_type=op.media_type)
 
 
-async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
-    """The request body, refused with 413 past `limit` whether declared or streamed."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"the body is {declared} bytes; the limit is {limit}")
+async def read_body(request: Request) -> bytes:
+    """The request body; past `middleware.MAX_BODY_BYTES` its reading raises PayloadTooLarge."""
     chunks: list[bytes] = []
-    size = 0
     try:
         async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"the body is over the limit of {limit} bytes")
             chunks.append(chunk)
     except ClientDisconnect:
         raise BadRequest(

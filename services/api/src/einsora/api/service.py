@@ -24,6 +24,8 @@ from einsora.api.app import create_app
 from einsora.api.bootstrap import OWNER_TOKEN_FILE, ensure_owner
 from einsora.api.context import ApiContext
 from einsora.api.machines import MachinesView
+from einsora.api.metrics import ApiMetrics, metrics_app
+from einsora.api.middleware import EdgeH11Protocol
 from einsora.api.outbox import OutboxRelay
 from einsora.api.redeemer import TicketRedeemer
 from einsora.api.store import Store
@@ -77,6 +79,10 @@ class ApiService:
         self._machines = MachinesView()
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
+        self.metrics_port: int | None = None
+        """The port /metrics listens on once started, when `api_metrics_port` is set."""
+        self._metrics_server: _Server | None = None
+        self._metrics_serving: asyncio.Task[None] | None = None
 
     @property
     def url(self) -> str:
@@ -116,8 +122,12 @@ class ApiService:
                 bus_connected=lambda: nc.is_connected,
                 clock=self._now,
             )
+            await self._serve_metrics(ctx.metrics)
             config = uvicorn.Config(
                 create_app(ctx),
+                # h11 (the only parser installed), with the api's JSON answer to what it cannot
+                # parse; the edge middleware refuses what it lets through but must not serve.
+                http=EdgeH11Protocol,
                 lifespan="off",
                 access_log=False,
                 log_config=None,
@@ -127,11 +137,7 @@ class ApiService:
             self._server = _Server(config)
             self.port = sock.getsockname()[1]
             self._serving = asyncio.create_task(self._server.serve([sock]), name="api http")
-            while not self._server.started:
-                if self._serving.done():
-                    self._serving.result()
-                    raise RuntimeError("the HTTP server stopped while starting")
-                await asyncio.sleep(0.01)
+            await _started(self._server, self._serving)
         except BaseException:
             sock.close()
             await self.stop()
@@ -142,13 +148,42 @@ class ApiService:
         # Looked up at each call, so a test can swap `clock` on a running service.
         return self.clock()
 
+    async def _serve_metrics(self, metrics: ApiMetrics) -> None:
+        """Prometheus /metrics on a port of its own (loopback by default), when one is set."""
+        port, host = self.settings.api_metrics_port, self.settings.api_metrics_host
+        if port is None:
+            return
+        try:
+            sock = _bind(host, port)
+        except PortInUse as exc:
+            raise PortInUse(
+                f"cannot serve metrics on {host}:{port}: the port is taken; choose another "
+                "with EINSORA_API_METRICS_PORT"
+            ) from exc
+        config = uvicorn.Config(
+            metrics_app(metrics), lifespan="off", access_log=False, log_config=None
+        )
+        self._metrics_server = _Server(config)
+        self.metrics_port = sock.getsockname()[1]
+        self._metrics_serving = asyncio.create_task(
+            self._metrics_server.serve([sock]), name="api metrics http"
+        )
+        try:
+            await _started(self._metrics_server, self._metrics_serving)
+        except BaseException:
+            sock.close()
+            raise
+        log.info("api metrics listening", extra={"url": f"http://{host}:{self.metrics_port}"})
+
     async def stop(self) -> None:
-        server, serving = self._server, self._serving
+        servers = [(self._server, self._serving), (self._metrics_server, self._metrics_serving)]
         self._server = self._serving = None
-        if server is not None and serving is not None:
-            server.should_exit = True
-            with contextlib.suppress(Exception):
-                await serving
+        self._metrics_server = self._metrics_serving = None
+        for server, serving in servers:
+            if server is not None and serving is not None:
+                server.should_exit = True
+                with contextlib.suppress(Exception):
+                    await serving
         if self._redeemer is not None:
             await self._redeemer.stop()
             self._redeemer = None
@@ -166,6 +201,15 @@ class ApiService:
         if self.store is not None:
             await self.store.close()
             self.store = None
+
+
+async def _started(server: uvicorn.Server, serving: asyncio.Task[None]) -> None:
+    """Return once `server` accepts connections; raise if it stopped instead."""
+    while not server.started:
+        if serving.done():
+            serving.result()
+            raise RuntimeError("the HTTP server stopped while starting")
+        await asyncio.sleep(0.01)
 
 
 def _bind(host: str, port: int) -> socket.socket:

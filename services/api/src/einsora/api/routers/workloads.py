@@ -31,12 +31,15 @@ async def create_workload(call: Call[WorkloadCreate, NoQuery]) -> Response:
     key = call.header(IDEMPOTENCY_KEY.name)
     if key is not None and not _KEY_RE.match(key):
         raise field_error(IDEMPOTENCY_KEY.name, "1 to 128 letters, digits, '.', '_', ':' or '-'")
+    settings = call.ctx.settings
     out, replayed = await workloads.create(
         call.ctx.store,
         call.ctx.catalog,
         call.me,
         call.body,
-        default_region=call.ctx.settings.region,
+        default_region=settings.region,
+        regions=workloads.known_regions(settings.region, call.ctx.machines.snapshot()),
+        default_cap=settings.tenant_max_workloads,
         request_id=call.request_id,
         traceparent=call.traceparent,
         idempotency_key=key,
@@ -94,6 +97,7 @@ OPERATIONS = [
         body=WorkloadCreate,
         headers=(IDEMPOTENCY_KEY,),
         errors=(409,),
+        launch=True,
     ),
     Operation(
         "GET",

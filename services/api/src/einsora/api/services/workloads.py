@@ -1,7 +1,9 @@
 """Workloads: create, read, list, and the user's actions (park, resume, remove).
 
 Each change writes the workload row, a timeline entry and an outbox row in one transaction, so
-the intent is never lost and never published for a change that did not commit. The api changes
+the intent is never lost and never published for a change that did not commit. A launch names a
+class of the catalog and a region the api knows (its own, or one a machine reports), and stays
+within its tenant's cap on workloads (`services/limits.py`). The api changes
 a state only as far as the user's action implies (pending, parking, pending again on resume,
 removing); everything after comes from the scheduler's events (`services/timeline.py`).
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -21,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from einsora.api import models as m
 from einsora.api.auth import Principal
 from einsora.api.errors import Conflict, NotFound, field_error
+from einsora.api.machines import MachineRecord
 from einsora.api.outbox import enqueue, outbox_row
 from einsora.api.pagination import cursor_str, encode_cursor
 from einsora.api.schemas.workloads import (
@@ -31,6 +34,7 @@ from einsora.api.schemas.workloads import (
     WorkloadPage,
     spec_json,
 )
+from einsora.api.services.limits import check_workload_cap, workload_cap
 from einsora.api.store import Store
 from einsora.common.catalog import Catalog
 from einsora.common.ids import is_id, new_id
@@ -77,6 +81,20 @@ def check_classes(catalog: Catalog, body: WorkloadCreate) -> None:
     for i, name in enumerate(body.fallback):
         if catalog.get(name) is None:
             raise field_error(f"fallback.{i}", f"no class {name!r} in the catalog")
+
+
+def known_regions(default_region: str, machines: Iterable[MachineRecord]) -> list[str]:
+    """The regions a launch may name: this api's own, and every region a machine reports."""
+    return sorted({default_region, *(r.region for r in machines if r.region is not None)})
+
+
+def check_region(body: WorkloadCreate, regions: Collection[str]) -> None:
+    """422 naming the known regions when `region` is none of them (it would wait for ever)."""
+    if body.region is not None and body.region not in regions:
+        known = ", ".join(sorted(regions))
+        raise field_error(
+            "region", f"no region {body.region!r}; the known regions are: {known} (see /v1/regions)"
+        )
 
 
 _COLUMNS = (
@@ -179,13 +197,16 @@ async def create(
     body: WorkloadCreate,
     *,
     default_region: str,
+    regions: Collection[str],
+    default_cap: int,
     request_id: str,
     traceparent: str | None = None,
     idempotency_key: str | None = None,
 ) -> tuple[WorkloadOut, bool]:
     """The new workload (pending) and False, or the first result of this Idempotency-Key and
-    True."""
+    True. `default_cap` is the cap of a tenant the operator set none for (0: no cap)."""
     check_classes(catalog, body)
+    check_region(body, regions)
     print_ = fingerprint(body) if idempotency_key else ""
     now = utcnow()
     workload_id = new_id("workload")
@@ -213,29 +234,37 @@ async def create(
         workload_id, WorkloadState.pending, f"created by {principal.username}", request_id, now
     )
     outbox = outbox_row(intent, request_id=request_id, traceparent=traceparent)
-    if not idempotency_key:
+    capped = default_cap > 0 or await _has_cap(store, principal.tenant_id)
+    if not idempotency_key and not capped:
         # Inserts only: committed together with other launches waiting now (group commit).
         await store.inserts.insert([(m.workloads, row), (m.timeline, entry), (m.outbox, outbox)])
         store.outbox_written.set()
         return _out(row), False
     try:
         async with store.write() as conn:
-            prior = await _replay(conn, principal, idempotency_key, print_)
-            if prior is not None:
-                return prior, True
+            if idempotency_key:
+                prior = await _replay(conn, principal, idempotency_key, print_)
+                if prior is not None:
+                    return prior, True
+            if capped:
+                # Counted in the transaction that inserts: concurrent launches cannot all pass.
+                await check_workload_cap(conn, principal.tenant_id, default_cap)
             await conn.execute(sa.insert(m.workloads).values(row))
             await conn.execute(sa.insert(m.timeline).values(entry))
             await conn.execute(sa.insert(m.outbox).values(outbox))
-            await conn.execute(
-                sa.insert(m.idempotency_keys).values(
-                    tenant_id=principal.tenant_id,
-                    key=idempotency_key,
-                    fingerprint=print_,
-                    workload_id=workload_id,
-                    created_at=now,
+            if idempotency_key:
+                await conn.execute(
+                    sa.insert(m.idempotency_keys).values(
+                        tenant_id=principal.tenant_id,
+                        key=idempotency_key,
+                        fingerprint=print_,
+                        workload_id=workload_id,
+                        created_at=now,
+                    )
                 )
-            )
     except IntegrityError:
+        if not idempotency_key:
+            raise
         # The same key committed by a concurrent request (Postgres): answer with its result.
         async with store.read() as conn:
             prior = await _replay(conn, principal, idempotency_key, print_)
@@ -244,6 +273,12 @@ async def create(
         return prior, True
     store.outbox_written.set()
     return _out(row), False
+
+
+async def _has_cap(store: Store, tenant_id: str) -> bool:
+    """Whether the operator set a cap for this tenant (when the settings set no default)."""
+    async with store.read() as conn:
+        return await workload_cap(conn, tenant_id, 0) is not None
 
 
 def _entry(

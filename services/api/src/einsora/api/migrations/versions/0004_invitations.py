@@ -11,7 +11,7 @@ from alembic import op
 from einsora.api.models import UtcDateTime
 
 revision = "0004"
-down_revision = "0002"
+down_revision = "0003"
 
 ID = sa.String(32)
 
