@@ -18,7 +18,13 @@ from einsora.scheduler.observe import next_liveness
 CATALOG = Catalog.load()
 
 
-def _inventory(machine_id: str, gpus: int = 0, cpus: int = 16, memory_gib: int = 64) -> Inventory:
+def _inventory(
+    machine_id: str,
+    gpus: int = 0,
+    cpus: int = 16,
+    memory_gib: int = 64,
+    drivers: tuple[str, ...] = ("sim",),
+) -> Inventory:
     return Inventory(
         machine_id=machine_id,
         region="local",
@@ -31,20 +37,23 @@ def _inventory(machine_id: str, gpus: int = 0, cpus: int = 16, memory_gib: int =
             Gpu(index=i, uuid=f"{machine_id}-g{i}", model="NVIDIA L40S", memory_mib=46068)
             for i in range(gpus)
         ],
+        drivers=list(drivers),
     )
 
 
-def _book(*machines: Inventory) -> Book:
-    book = Book("local", CATALOG)
+def _book(*machines: Inventory, owner_tenant: str | None = None) -> Book:
+    book = Book("local", CATALOG, owner_tenant=owner_tenant)
     for inventory in machines:
         book.add_machine(Machine(inventory.machine_id, "local", inventory, generation=1), new=False)
     return book
 
 
-def _workload(class_name: str, count: int = 1, age_s: float = 0) -> Workload:
+def _workload(
+    class_name: str, count: int = 1, age_s: float = 0, tenant_id: str = "t-1"
+) -> Workload:
     return Workload(
-        workload_id=f"w-{class_name}-{count}-{age_s}",
-        tenant_id="t-1",
+        workload_id=f"w-{class_name}-{count}-{age_s}-{tenant_id}",
+        tenant_id=tenant_id,
         region="local",
         kind=WorkloadKind.notebook,
         class_name=class_name,
@@ -163,3 +172,36 @@ def test_capacity_index_files_only_placeable_machines() -> None:
 )
 def test_silence_is_judged_by_time(current: Liveness, silent: float, expected: Liveness) -> None:
     assert next_liveness(current, silent, 30, 120) is expected
+
+
+# --- the trust filter (issue 9, hole 3): weak isolation only for the machine owner's tenant ---
+
+
+def test_a_machine_with_only_weak_isolation_takes_only_its_owners_tenant() -> None:
+    book = _book(_inventory("m-host", gpus=2, drivers=("process",)), owner_tenant="t-owner")
+    guest = _workload("l40s-48gb", tenant_id="t-guest", age_s=10)
+    assert _admit(book, guest) is None
+    assert guest.state is WorkloadState.queued
+    assert "m-host" in guest.reason and "weak isolation" in guest.reason
+    # The guest waiting at the head of the pool does not hold back the owner's own workload.
+    own = _workload("l40s-48gb", tenant_id="t-owner")
+    assert _admit(book, own) == "m-host"
+    assert guest.state is WorkloadState.queued
+
+
+def test_a_guest_goes_to_a_machine_with_strong_isolation() -> None:
+    book = _book(
+        _inventory("m-host", gpus=1, drivers=("process",)),
+        _inventory("m-vm", gpus=2, drivers=("process", "libvirt")),
+        owner_tenant="t-owner",
+    )
+    # Best fit alone would pick m-host (one free device); trust sends the guest to m-vm.
+    assert _admit(book, _workload("l40s-48gb", tenant_id="t-guest")) == "m-vm"
+    assert _admit(book, _workload("l40s-48gb", tenant_id="t-owner", age_s=1)) == "m-host"
+
+
+def test_without_a_machine_owner_weak_machines_take_nobody() -> None:
+    book = _book(_inventory("m-host", cpus=8, drivers=("process",)))
+    workload = _workload("cpu-2c-4g")
+    assert _admit(book, workload) is None
+    assert "no tenant" in workload.reason

@@ -17,6 +17,7 @@ from typing import Any
 
 from einsora.agent import identity as machine_identity
 from einsora.agent.service import AgentService, DriverName
+from einsora.api.bootstrap import owner_tenant_id
 from einsora.api.service import ApiService
 from einsora.common.bus import identities
 from einsora.common.embedded_nats import EmbeddedNats, port_is_free
@@ -129,6 +130,10 @@ class ControlPlane:
         await self._start(self.api)
         if s.api_port == 0:
             s = s.model_copy(update={"api_port": self.api_port})
+        if s.machine_owner_tenant is None:
+            # This machine is the owner's: weak isolation (`process`) runs its tenant only.
+            assert self.api.store is not None
+            s = s.model_copy(update={"machine_owner_tenant": await owner_tenant_id(self.api.store)})
         self.settings = s
         self.scheduler = SchedulerService(s)
         await self._start(self.scheduler)

@@ -41,6 +41,12 @@ class Settings(BaseSettings):
         "Solo sets it to <data_dir>/bus and makes the seeds (ADR-0009).",
     )
     region: str = "local"
+    machine_owner_tenant: str | None = Field(
+        default=None,
+        description="The tenant that owns this cell's machines until they are enrolled with "
+        "owners: only its workloads run on a machine whose drivers are all weak isolation "
+        "(`process`). Unset: no tenant's do. Solo sets it to the owner's tenant.",
+    )
     api_port: int = Field(default=8080, ge=0, le=65535)
     proxy_port: int = Field(default=8081, ge=0, le=65535)
     gateway_port: int = Field(default=8082, ge=0, le=65535)

@@ -70,3 +70,15 @@ def write_secret(path: Path, secret: str) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(secret + "\n")
     os.replace(partial, path)
+
+
+async def owner_tenant_id(store: Store) -> str | None:
+    """The id of the owner's own tenant (Solo's machines belong to it), or None before bootstrap."""
+    async with store.read() as conn:
+        found: str | None = await conn.scalar(
+            sa.select(m.tenants.c.id)
+            .join(m.members, m.members.c.tenant_id == m.tenants.c.id)
+            .join(m.users, m.users.c.id == m.members.c.user_id)
+            .where(m.tenants.c.name == OWNER_TENANT, m.users.c.username == OWNER_USERNAME)
+        )
+    return found

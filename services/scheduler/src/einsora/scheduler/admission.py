@@ -12,7 +12,7 @@ machine of the region could hold even when empty does not block the others.
 from __future__ import annotations
 
 from einsora.common.schemas import Placement, Target, WorkloadState
-from einsora.scheduler import reasons
+from einsora.scheduler import reasons, trust
 from einsora.scheduler.book import Book
 from einsora.scheduler.capacity import Demand, Grant, fit, free_cpus, free_memory_mib
 from einsora.scheduler.model import Liveness, Machine, Row, Workload
@@ -44,7 +44,7 @@ def admit_pool(book: Book, pool: str) -> None:
             del queue[i]
             place(book, workload, demand, grant)
             continue
-        if book.ever_fits(demand):
+        if book.ever_fits_for(workload, demand):
             break  # strict order: nothing younger in this pool goes first
         i += 1
     if not queue:
@@ -54,11 +54,11 @@ def admit_pool(book: Book, pool: str) -> None:
 def choose(book: Book, workload: Workload, demand: Demand) -> Grant | None:
     """The machine holding its working directory if it fits there, else the best fit."""
     home = book.machines.get(workload.machine_id) if workload.machine_id else None
-    if home is not None and home.placeable:
+    if home is not None and home.placeable and book.may_run(home, workload):
         grant = fit(home, demand)
         if grant is not None:
             return grant
-    best = book.index.best_fit(demand)
+    best = book.index.best_fit(demand, lambda m: book.may_run(book.machines[m], workload))
     if best is None:
         return None
     return fit(book.machines[best], demand)
@@ -118,6 +118,8 @@ def _why_not_home(machine: Machine) -> str:
 
 
 def _queued_reason(book: Book, workload: Workload, demand: Demand) -> str:
+    if book.ever_fits(demand) and not book.ever_fits_for(workload, demand):
+        return trust.refusal(book.distrusted_fits(workload, demand), book.owner_tenant)
     if not book.ever_fits(demand):
         if demand.gpu:
             largest = max(

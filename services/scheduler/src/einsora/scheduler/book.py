@@ -26,6 +26,7 @@ from einsora.common.schemas import (
     WorkloadState,
     utcnow,
 )
+from einsora.scheduler import trust
 from einsora.scheduler.capacity import CapacityIndex, Demand, could_ever_fit, gpus_by_class
 from einsora.scheduler.model import Machine, Row, Workload
 from einsora.scheduler.tokens import WorkloadTokens
@@ -73,10 +74,19 @@ class Changes:
 class Book:
     """Machines, workloads, rows, the queue and the capacity index of one region."""
 
-    def __init__(self, region: str, catalog: Catalog, tokens: WorkloadTokens | None = None) -> None:
+    def __init__(
+        self,
+        region: str,
+        catalog: Catalog,
+        tokens: WorkloadTokens | None = None,
+        *,
+        owner_tenant: str | None = None,
+    ) -> None:
         self.region = region
         self.catalog = catalog
         self.tokens = tokens or WorkloadTokens.ephemeral()
+        self.owner_tenant = owner_tenant
+        """The tenant that owns the region's machines until enrolment says otherwise (trust.py)."""
         self.machines: dict[str, Machine] = {}
         self.workloads: dict[str, Workload] = {}
         self.queue: dict[str, list[Workload]] = {}
@@ -85,6 +95,7 @@ class Book:
         """The endpoint each running workload's route was last written with."""
         self.changes = Changes()
         self._ever_fits: dict[Demand, bool] = {}
+        self._ever_fits_trusted: dict[tuple[Demand, bool], bool] = {}
 
     def begin(self) -> Changes:
         """Start a cycle: later primitives record into a fresh `Changes`."""
@@ -106,6 +117,7 @@ class Book:
         machine.gpus_by_class = gpus_by_class(machine.inventory, self.catalog)
         self.index.update(machine)
         self._ever_fits.clear()
+        self._ever_fits_trusted.clear()
         self.changes.capacity_freed = True
 
     def save_machine(self, machine: Machine) -> None:
@@ -161,6 +173,26 @@ class Book:
         if demand not in self._ever_fits:
             self._ever_fits[demand] = could_ever_fit(self.machines.values(), demand)
         return self._ever_fits[demand]
+
+    def may_run(self, machine: Machine, workload: Workload) -> bool:
+        """The trust filter: may `machine` take this workload's tenant (trust.py)."""
+        return trust.may_run(machine, workload.tenant_id, self.owner_tenant)
+
+    def ever_fits_for(self, workload: Workload, demand: Demand) -> bool:
+        """Whether some machine this workload may use would hold it, emptied."""
+        key = (demand, workload.tenant_id == self.owner_tenant)
+        if key not in self._ever_fits_trusted:
+            allowed = [m for m in self.machines.values() if self.may_run(m, workload)]
+            self._ever_fits_trusted[key] = could_ever_fit(allowed, demand)
+        return self._ever_fits_trusted[key]
+
+    def distrusted_fits(self, workload: Workload, demand: Demand) -> list[str]:
+        """Machines that would hold the workload, emptied, but may not take its tenant."""
+        return sorted(
+            m.machine_id
+            for m in self.machines.values()
+            if not self.may_run(m, workload) and could_ever_fit([m], demand)
+        )
 
     # --- workloads --------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ thousand machines looks at a handful of them, not all.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from einsora.common.catalog import Accelerator, Catalog, MachineClass
@@ -153,17 +153,24 @@ class CapacityIndex:
             i = bisect.bisect_left(self._cpu, entry)
             del self._cpu[i]
 
-    def best_fit(self, demand: Demand) -> str | None:
-        """The placeable machine that `demand` fits most tightly, or None."""
+    def best_fit(self, demand: Demand, allowed: Callable[[str], bool] | None = None) -> str | None:
+        """The placeable machine that `demand` fits most tightly, or None.
+
+        `allowed` filters machines (the trust filter); the first allowed one in best-fit order
+        wins.
+        """
         if demand.gpu:
             buckets = self._gpu.get(demand.class_name, {})
             for free in sorted(buckets):
                 if free >= demand.count:
-                    return next(iter(buckets[free]))
+                    for machine_id in buckets[free]:
+                        if allowed is None or allowed(machine_id):
+                            return machine_id
             return None
         i = bisect.bisect_left(self._cpu, (demand.cpus, -1, ""))
         for cpus, memory_mib, machine_id in self._cpu[i:]:
-            if cpus >= demand.cpus and memory_mib >= demand.memory_mib:
+            fits = cpus >= demand.cpus and memory_mib >= demand.memory_mib
+            if fits and (allowed is None or allowed(machine_id)):
                 return machine_id
         return None
 

@@ -101,6 +101,7 @@ class Engine:
         *,
         max_inputs_per_cycle: int = 4096,
         tokens: WorkloadTokens | None = None,
+        owner_tenant: str | None = None,
     ) -> None:
         self.region = region
         self.catalog = catalog
@@ -108,7 +109,8 @@ class Engine:
         self.projector = projector
         self.timing = timing
         self.tokens = tokens or WorkloadTokens.ephemeral()
-        self.book = Book(region, catalog, self.tokens)
+        self.owner_tenant = owner_tenant
+        self.book = Book(region, catalog, self.tokens, owner_tenant=owner_tenant)
         self._queue: asyncio.Queue[_Input] = asyncio.Queue()
         self._max_inputs = max_inputs_per_cycle
         self.reader = MachineReader(projector)
@@ -122,7 +124,9 @@ class Engine:
     async def load(self) -> None:
         """Rebuild the book from the store (at start, and after a failed commit)."""
         snapshot = await self.store.load(self.region)
-        self.book = _book_from(snapshot, self.region, self.catalog, time.monotonic(), self.tokens)
+        self.book = _book_from(
+            snapshot, self.region, self.catalog, time.monotonic(), self.tokens, self.owner_tenant
+        )
         self.reader.forget_reports()
         self.projector.events = list(snapshot.outbox)
 
@@ -288,9 +292,14 @@ class Engine:
 
 
 def _book_from(
-    snapshot: Snapshot, region: str, catalog: Catalog, now: float, tokens: WorkloadTokens
+    snapshot: Snapshot,
+    region: str,
+    catalog: Catalog,
+    now: float,
+    tokens: WorkloadTokens,
+    owner_tenant: str | None,
 ) -> Book:
-    book = Book(region, catalog, tokens)
+    book = Book(region, catalog, tokens, owner_tenant=owner_tenant)
     for workload in snapshot.workloads:
         workload.access_token = book.access_token_for(workload.workload_id)
         book.workloads[workload.workload_id] = workload

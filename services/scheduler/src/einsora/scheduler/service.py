@@ -126,6 +126,7 @@ class SchedulerService:
             projector,
             self.timing,
             tokens=WorkloadTokens.from_file(self.settings.data_dir / TOKENS_KEY_FILE),
+            owner_tenant=self.settings.machine_owner_tenant,
         )
         self._engine = engine
         await engine.load()
