@@ -1,6 +1,7 @@
 """`einsora solo` and the `einsora` CLI, as a user runs them: subprocesses on free ports.
 
-What a new user meets first: the owner token printed once and saved with mode 0600, a notebook
+What a new user meets first: the owner token printed once (to a terminal only: piped output
+names the token file instead) and saved with mode 0600, a notebook
 launched with `--wait` reaching running, a stop and start that keeps every workload (process
 workloads with the same pid), a clear message for a taken port, a quick clean exit on SIGTERM,
 and the CLI's exit codes and JSON output.
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import re
+import select
 import signal
 import socket
 import stat
@@ -41,9 +44,14 @@ class Solo:
     env: dict[str, str]
     proc: subprocess.Popen[str] | None = None
     output: str = ""
+    terminal: int | None = None
+    """The pty's controlling side, while Solo's stdout is a terminal."""
 
-    def start(self) -> str:
-        """Start Solo; returns what it printed up to its greeting."""
+    def start(self, *, on_a_terminal: bool = False) -> str:
+        """Start Solo, its stdout piped (or a terminal); returns what it printed up to its
+        greeting."""
+        if on_a_terminal:
+            return self._start_on_a_terminal()
         self.proc = subprocess.Popen(
             [EINSORA, "solo"],
             env=self.env,
@@ -62,6 +70,39 @@ class Solo:
         assert "Einsora Solo is running" in self.output, self.output
         return self.output
 
+    def _start_on_a_terminal(self) -> str:
+        self.terminal, side = pty.openpty()
+        self.proc = subprocess.Popen(
+            [EINSORA, "solo"],
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=side,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        os.close(side)
+        seen = b""
+        deadline = time.monotonic() + 60
+        while b"Press Ctrl-C" not in seen and time.monotonic() < deadline:
+            ready, _, _ = select.select([self.terminal], [], [], deadline - time.monotonic())
+            if not ready:
+                break
+            try:
+                chunk = os.read(self.terminal, 4096)
+            except OSError:  # EIO: Solo exited and closed the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+        self.output = seen.decode().replace("\r\n", "\n")  # a terminal ends lines with CR LF
+        assert "Einsora Solo is running" in self.output, self.output
+        return self.output
+
+    def _close_terminal(self) -> None:
+        if self.terminal is not None:
+            os.close(self.terminal)
+            self.terminal = None
+
     def stop(self) -> float:
         """SIGTERM; returns how long Solo took to exit."""
         assert self.proc is not None
@@ -71,6 +112,7 @@ class Solo:
         took = time.monotonic() - t0
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+        self._close_terminal()
         return took
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
@@ -102,6 +144,7 @@ def solo(tmp_path: Path) -> Iterator[Solo]:
             running.proc.wait()
         if running.proc.stdout is not None:
             running.proc.stdout.close()
+    running._close_terminal()
     # Workloads outlive Solo by design; the test's own must not outlive the test.
     for proc in psutil.process_iter(["cwd"]):
         try:
@@ -123,8 +166,8 @@ def _notebook_pid(data_dir: Path, workload_id: str) -> int:
     raise AssertionError(f"no Jupyter process runs for {workload_id}")
 
 
-def test_first_start_prints_and_saves_the_owner_token(solo: Solo) -> None:
-    out = solo.start()
+def test_first_start_on_a_terminal_prints_and_saves_the_owner_token(solo: Solo) -> None:
+    out = solo.start(on_a_terminal=True)
     match = re.search(r"^\s+(tsk_\S+)$", out, re.MULTILINE)
     assert match, out
     token_file = solo.data_dir / "owner.token"
@@ -134,9 +177,23 @@ def test_first_start_prints_and_saves_the_owner_token(solo: Solo) -> None:
     assert "einsora launch" in out
     assert solo.stop() < 10
 
-    again = solo.start()
+    again = solo.start(on_a_terminal=True)
     assert "tsk_" not in again  # shown once
     assert str(token_file) in again
+    solo.stop()
+
+
+def test_a_greeting_that_is_not_a_terminal_names_the_token_file_not_the_token(
+    solo: Solo,
+) -> None:
+    out = solo.start()  # stdout is a pipe, as a log file or a journal would be
+    token_file = solo.data_dir / "owner.token"
+    token = token_file.read_text().strip()
+    assert token.startswith("tsk_")
+    assert token not in out
+    assert "tsk_" not in out
+    assert str(token_file) in out
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
     solo.stop()
 
 

@@ -5,7 +5,8 @@ exists (api, scheduler, proxy) and an agent for this machine with the `process` 
 still talk only over NATS. A taken port stops start-up with a message naming the port and the
 flag to change; Solo never connects to a NATS server it did not start unless
 `EINSORA_NATS_URL` asks for one. Stopping leaves workload processes running, and the next
-start re-adopts them.
+start re-adopts them. The owner token made on the first start is printed only to a terminal;
+any other stdout (a log file, a journal) is told where `owner.token` is instead.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 from einsora.cli.controlplane import ControlPlane, check_ports
+from einsora.cli.pipes import silence_closed_streams
 from einsora.common import logs, runloop
 from einsora.common.errors import EinsoraError
 from einsora.common.settings import Settings
@@ -95,7 +97,7 @@ def _greet(plane: ControlPlane, settings: Settings) -> None:
     ]
     cli = _cli_name()
     token = plane.owner_token_created
-    if token:
+    if token and sys.stdout.isatty():
         lines += [
             "",
             "Your owner API token (shown once; it is saved in "
@@ -105,10 +107,25 @@ def _greet(plane: ControlPlane, settings: Settings) -> None:
             "Try it:",
             f"  {cli} launch notebook --class cpu-1c-2g --wait",
         ]
+    elif token:
+        # Not a terminal: this output goes to a file, a journal or another program, where the
+        # token would outlive its "shown once". It is in the token file, for its owner only.
+        lines += [
+            "",
+            f"Your owner API token is saved in {token_file}, readable only by you (it is",
+            "printed only to a terminal). The CLI on this machine reads it from there.",
+            "",
+            "Try it:",
+            f"  {cli} launch notebook --class cpu-1c-2g --wait",
+        ]
     else:
         lines.append(f"Owner token: {token_file}")
     lines.append("Press Ctrl-C to stop (workloads keep running).")
-    print("\n".join(lines), flush=True)
+    try:
+        print("\n".join(lines), flush=True)
+    except BrokenPipeError:
+        # Whoever read the greeting has gone (`einsora solo | head -3`); Solo keeps serving.
+        silence_closed_streams()
 
 
 def _cli_name() -> str:

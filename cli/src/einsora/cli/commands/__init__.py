@@ -2,7 +2,8 @@
 export, tokens, classes, machines, usage, login.
 
 Exit codes: 0 success, 1 the API refused (its message and request ID are printed), 2 a usage
-error, 3 the API cannot be reached (the URL tried is printed).
+error, 3 the API cannot be reached (the URL tried is printed), 141 the output's reader went away
+(`einsora ls | head -1`; nothing more is printed).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from einsora.cli.client import ApiClient, ApiRefused, ApiUnreachable
 from einsora.cli.commands import catalog, tokens, workloads
 from einsora.cli.commands.options import common_options
 from einsora.cli.config import resolve
+from einsora.cli.pipes import quiet_on_closed_pipe
+from einsora.cli.render import escape
 
 Action = Callable[[ApiClient, argparse.Namespace], int]
 
@@ -23,20 +26,24 @@ EXIT_UNREACHABLE = 3
 
 
 def run_action(action: Action) -> Callable[[argparse.Namespace], int]:
+    @quiet_on_closed_pipe
     def run(args: argparse.Namespace) -> int:
         config = resolve(args.api)
         client = ApiClient(config.api_url, config.token)
         try:
             return action(client, args)
         except ApiRefused as exc:
-            print(f"einsora: {exc.message} ({exc.error}, HTTP {exc.status})", file=sys.stderr)
+            print(
+                f"einsora: {escape(exc.message)} ({escape(exc.error)}, HTTP {exc.status})",
+                file=sys.stderr,
+            )
             if exc.request_id:
-                print(f"request ID: {exc.request_id}", file=sys.stderr)
+                print(f"request ID: {escape(exc.request_id)}", file=sys.stderr)
             if exc.status == 401 and config.token is None:
                 print("no token found: set EINSORA_TOKEN or run `einsora login`", file=sys.stderr)
             return EXIT_REFUSED
         except ApiUnreachable as exc:
-            print(f"einsora: {exc.message}", file=sys.stderr)
+            print(f"einsora: {escape(exc.message)}", file=sys.stderr)
             return EXIT_UNREACHABLE
 
     return run

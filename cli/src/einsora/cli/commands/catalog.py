@@ -57,7 +57,7 @@ def _usage(client: ApiClient, args: argparse.Namespace) -> int:
             raise
         print(
             "einsora: this control plane has no usage accounting yet (GET /v1/usage answered "
-            f"404; request ID {exc.request_id})",
+            f"404; request ID {render.escape(exc.request_id)})",
             file=sys.stderr,
         )
         return 1
@@ -74,8 +74,9 @@ def _login(client: ApiClient, args: argparse.Namespace) -> int:
     if args.json:
         render.as_json(me)
     else:
-        user, tenant = me["user"]["username"], me["tenant"]["name"]
-        print(f"logged in to {client.base_url} as {user} ({tenant}); saved in {path}")
+        user, tenant = render.escape(me["user"]["username"]), render.escape(me["tenant"]["name"])
+        where = render.escape(client.base_url)
+        print(f"logged in to {where} as {user} ({tenant}); saved in {render.escape(path)}")
     return 0
 
 

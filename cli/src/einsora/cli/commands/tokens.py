@@ -31,8 +31,9 @@ def _tokens(client: ApiClient, args: argparse.Namespace) -> int:
         if args.json:
             render.as_json(token)
         else:
-            print(f"token {token['id']} ({token['name']}); its secret, shown only now:")
-            print(token["token"])
+            shown = f"token {render.escape(token['id'])} ({render.escape(token['name'])})"
+            print(f"{shown}; its secret, shown only now:")
+            print(render.escape(token["token"]))
         return 0
     if args.tokens_command == "ls":
         items = client.paginate("/v1/tokens")
@@ -55,7 +56,7 @@ def _tokens(client: ApiClient, args: argparse.Namespace) -> int:
     if args.json:
         render.as_json({"id": args.id, "revoked": True})
     else:
-        print(f"token {args.id} revoked")
+        print(f"token {render.escape(args.id)} revoked")
     return 0
 
 

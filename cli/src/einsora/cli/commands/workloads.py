@@ -50,7 +50,8 @@ def _launch(client: ApiClient, args: argparse.Namespace) -> int:
     if args.json:
         render.as_json(final)
     elif final["state"] == "running":
-        print(f"{final['id']} is running. Open it with: einsora open {final['id']}")
+        shown = render.escape(final["id"])
+        print(f"{shown} is running. Open it with: einsora open {shown}")
     return 0 if final["state"] == "running" else 1
 
 
@@ -63,7 +64,8 @@ def _follow_until_settled(client: ApiClient, workload_id: str, *, quiet: bool) -
         events = client.paginate(f"/v1/workloads/{workload_id}/events")
         for entry in events[seen:]:
             if not quiet:
-                line = f"[{time.monotonic() - started:5.1f}s] {entry['state']}: {entry['reason']}"
+                said = f"{render.escape(entry['state'])}: {render.escape(entry['reason'])}"
+                line = f"[{time.monotonic() - started:5.1f}s] {said}"
                 sys.stderr.write(("\r\033[K" if tty else "") + line + ("" if tty else "\n"))
                 sys.stderr.flush()
         seen = len(events)
@@ -120,7 +122,7 @@ def _print_workload(workload: Any, as_json: bool) -> None:
         ("machine", placement.get("machine")),
         ("created", workload.get("created_at")),
     ):
-        print(f"{label:8} {value if value is not None else '-'}")
+        print(f"{label:8} {render.escape(value) if value is not None else '-'}")
 
 
 def _show(client: ApiClient, args: argparse.Namespace) -> int:
@@ -141,10 +143,10 @@ def _events(client: ApiClient, args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(entry), flush=True)
             else:
-                print(
-                    f"{entry['at']}  {entry['kind']:10}  {entry['state']:9}  {entry['reason']}",
-                    flush=True,
+                at, kind, state, reason = (
+                    render.escape(entry[key]) for key in ("at", "kind", "state", "reason")
                 )
+                print(f"{at}  {kind:10}  {state:9}  {reason}", flush=True)
         seen = len(events)
         if not args.follow:
             return 0
@@ -179,9 +181,9 @@ def _open(client: ApiClient, args: argparse.Namespace) -> int:
     except webbrowser.Error:
         opened = False
     if opened:
-        print(f"opened {args.id} in your browser (the link works once, for 60 s)")
+        print(f"opened {render.escape(args.id)} in your browser (the link works once, for 60 s)")
     else:
-        print(f"open this link within 60 s (it works once):\n{url}")
+        print(f"open this link within 60 s (it works once):\n{render.escape(url)}")
     return 0
 
 
@@ -195,7 +197,8 @@ def _export(client: ApiClient, args: argparse.Namespace) -> int:
     text = json.dumps(document, indent=2, sort_keys=True) + "\n"
     if args.output:
         args.output.write_text(text)
-        print(f"wrote {args.output} ({len(document['redactions'])} redactions)", file=sys.stderr)
+        wrote = render.escape(args.output)
+        print(f"wrote {wrote} ({len(document['redactions'])} redactions)", file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0

@@ -59,10 +59,18 @@ async def _serve(settings: Settings, catalog: Catalog) -> int:
 
     def announce() -> None:
         print(f"einsora api listening on {service.url}", file=sys.stderr, flush=True)
-        if service.owner_token_created:
+        if service.owner_token_created and sys.stderr.isatty():
             print(
                 f"owner token (shown once; also in {service.owner_token_path}): "
                 f"{service.owner_token_created}",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif service.owner_token_created:
+            # Not a terminal: a log would keep the token. Its file is readable by us alone.
+            print(
+                f"owner token made and saved in {service.owner_token_path} (printed only to a "
+                "terminal)",
                 file=sys.stderr,
                 flush=True,
             )

@@ -1,10 +1,10 @@
 """The proxy's HTTP application: ticket redemption, the session check, and forwarding.
 
-Every request is routed on its `Host` header alone. `/_einsora/enter?ticket=…` redeems a ticket
-exactly once (the api decides, atomically) and answers with a host-only cookie and a redirect to a
-ticket-free URL. Everything else needs that site's cookie; state-changing requests and WebSocket
-upgrades must also come from the site's own origin, because the token the proxy injects turns off
-the workload's own CSRF defence.
+Every request is routed on its `Host` header alone. A GET of `/_einsora/enter?ticket=…` redeems
+a ticket exactly once (the api decides, atomically) and answers with a host-only cookie and a
+redirect to a ticket-free URL; any other method leaves the ticket unused. Everything else needs
+that site's cookie; state-changing requests and WebSocket upgrades must also come from the site's
+own origin, because the token the proxy injects turns off the workload's own CSRF defence.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ class ProxyState:
 STATE = web.AppKey("state", ProxyState)
 
 
-def _plain(status: int, text: str, request_id: str) -> web.Response:
+def plain_response(status: int, text: str, request_id: str) -> web.Response:
+    """A short fixed text for a person, with the request ID, never cached or referred."""
     return web.Response(
         status=status,
         text=text + "\n",
@@ -86,20 +87,20 @@ async def handle(request: web.Request) -> web.StreamResponse:
     workload_id = state.sites.workload_of(request.headers.get("Host"))
     with logs.bind(request_id=request_id, subject=workload_id):
         if not request.raw_path.startswith("/"):
-            return _plain(400, "Bad request: absolute URIs are not accepted.", request_id)
+            return plain_response(400, "Bad request: absolute URIs are not accepted.", request_id)
         if workload_id is None:
-            return _plain(404, "No such site.", request_id)
+            return plain_response(404, "No such site.", request_id)
         route = state.routes.get(workload_id)
         if route is None:
-            return _plain(404, "This workload is not running.", request_id)
+            return plain_response(404, "This workload is not running.", request_id)
         if request.path == ENTER_PATH:
             return await _enter(request, state, workload_id, route.kind, request_id)
         session = state.sessions.get(request.cookies.get(state.cookie_name), workload_id)
         if session is None:
-            return _plain(403, "Open this workload from Einsora to get access.", request_id)
+            return plain_response(403, "Open this workload from Einsora to get access.", request_id)
         if not _same_origin(request, state.sites.origin_of(workload_id)):
             log.warning("cross-origin request refused", extra={"method": request.method})
-            return _plain(403, "Cross-site requests are refused.", request_id)
+            return plain_response(403, "Cross-site requests are refused.", request_id)
         drop = (state.cookie_name, DASHBOARD_COOKIE)
         try:
             if _is_websocket(request):
@@ -111,7 +112,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
             )
         except (aiohttp.ClientError, OSError) as exc:
             log.warning("workload unreachable", extra={"error": exc.__class__.__name__})
-            return _plain(502, "The workload did not answer.", request_id)
+            return plain_response(502, "The workload did not answer.", request_id)
         return response
 
 
@@ -144,11 +145,13 @@ async def _enter(
     kind: WorkloadKind,
     request_id: str,
 ) -> web.StreamResponse:
-    if request.method not in ("GET", "HEAD"):
-        return _plain(405, "Use the link as it was given.", request_id)
+    if request.method != "GET":
+        # Only a GET redeems: link scanners and previews send HEAD (or worse) first, and a
+        # ticket works once, so anything else is answered without asking the api.
+        return _not_entered(request.method, request_id)
     ticket = request.query.get("ticket", "")
     if not ticket or len(ticket) > 256:
-        return _plain(403, "This access link is not valid.", request_id)
+        return plain_response(403, "This access link is not valid.", request_id)
     reply = await _redeem(state.nc, ticket, workload_id, request_id)
     if not reply.ok:
         log.info("ticket refused", extra={"reason": reply.error})
@@ -157,7 +160,7 @@ async def _enter(
             "expired": "This access link has expired. Open the workload again from Einsora.",
         }.get(reply.error or "", "This access link is not valid.")
         status = 503 if reply.error == "unavailable" else 403
-        return _plain(status, message, request_id)
+        return plain_response(status, message, request_id)
     session_id = state.sessions.create(workload_id, reply.tenant_id, reply.user_id)
     log.info("ticket redeemed", extra={"tenant": reply.tenant_id})
     default = "/lab" if kind is WorkloadKind.notebook else "/"
@@ -178,6 +181,15 @@ async def _enter(
         samesite="Lax",
         secure=state.sites.tls,
     )
+    return response
+
+
+def _not_entered(method: str, request_id: str) -> web.Response:
+    if method == "HEAD":
+        response = plain_response(200, "Open this link in a browser to enter.", request_id)
+    else:
+        response = plain_response(405, "Use the link as it was given.", request_id)
+    response.headers["Allow"] = "GET, HEAD"
     return response
 
 

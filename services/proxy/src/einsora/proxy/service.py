@@ -14,6 +14,7 @@ from einsora.common.bus import connect_as, identities, names, provision
 from einsora.common.schemas import Route
 from einsora.common.settings import Settings
 from einsora.proxy.app import ProxyState, create_app
+from einsora.proxy.protocol import GuardedAppRunner
 from einsora.proxy.routes import RouteTable
 from einsora.proxy.sessions import Clock, SessionStore
 from einsora.proxy.sites import SiteConfig
@@ -62,7 +63,8 @@ class ProxyService:
             cookie_jar=aiohttp.DummyCookieJar(),
         )
         state = ProxyState(self.sites, self._routes, self.sessions, self._nc, self._client)
-        self._runner = web.AppRunner(create_app(state), access_log=None)
+        # Guarded: a request that fails is answered and logged without quoting its bytes.
+        self._runner = GuardedAppRunner(create_app(state), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._settings.bind_host, self._settings.proxy_port)
         await site.start()
