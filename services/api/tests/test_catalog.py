@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from einsora.api.testing import RunningApi, eventually
+from einsora.api.testing import RunningApi, eventually, new_tenant
 from einsora.common.bus import bind_bucket, names
 from einsora.common.schemas import (
     Gpu,
@@ -86,6 +86,10 @@ async def test_machines_classes_and_regions_follow_the_inventories(
     assert machines["m-gpu"]["heartbeat_at"] == "2026-11-29T12:00:00Z"
     assert machines["m-gpu"]["inventory"]["gpus"][0]["model"] == "NVIDIA L40S"
     assert machines["m-small"]["heartbeat_at"] is None
+    # Another tenant is not told what runs there, not even how many (the workload is not theirs).
+    _, other = await new_tenant(api, "other", "olga")
+    theirs = {m["id"]: m for m in (await other.get("/v1/machines")).body["items"]}
+    assert theirs["m-gpu"]["workloads"] == 0
 
     classes = {c["name"]: c for c in await _all(api, "/v1/classes")}
     assert {"cpu-1c-2g", "cpu-2c-4g", "cpu-4c-16g", "cpu-8c-32g", "l40s-48gb"} <= set(classes)

@@ -18,7 +18,10 @@ async def list_regions(call: Call[NoBody, PageQuery]) -> RegionPage:
 
 
 async def list_machines(call: Call[NoBody, PageQuery]) -> MachinePage:
-    return catalog.list_machines(call.ctx.machines.snapshot(), call.query)
+    # Another tenant's workloads are not told, not even as a count: the operator sees every
+    # workload a machine runs, anyone else their own tenant's.
+    own = None if call.me.is_operator else await catalog.tenant_counts(call.ctx.store, call.me)
+    return catalog.list_machines(call.ctx.machines.snapshot(), call.query, own)
 
 
 OPERATIONS = [
@@ -44,7 +47,8 @@ OPERATIONS = [
         "GET",
         "/v1/machines",
         list_machines,
-        "The machines, with their inventory, last heartbeat and workloads",
+        "The machines, with their inventory, last heartbeat and how many workloads they run "
+        "(yours; the operator's count is every tenant's)",
         "catalog",
         MachinePage,
         query=PageQuery,

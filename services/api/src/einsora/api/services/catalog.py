@@ -11,6 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+import sqlalchemy as sa
+
+from einsora.api import models as m
+from einsora.api.auth import Principal
 from einsora.api.machines import MachineRecord
 from einsora.api.pagination import cursor_str, encode_cursor
 from einsora.api.schemas.catalog import (
@@ -22,8 +26,10 @@ from einsora.api.schemas.catalog import (
     RegionPage,
 )
 from einsora.api.schemas.common import PageQuery
+from einsora.api.store import Store
 from einsora.common.catalog import Accelerator, Catalog, MachineClass
 from einsora.common.schemas import GpuHealth, Inventory
+from einsora.common.schemas.workload import TERMINAL_STATES
 
 T = TypeVar("T")
 
@@ -81,7 +87,25 @@ def list_regions(
     return RegionPage(items=page, next_cursor=cursor)
 
 
-def list_machines(machines: list[MachineRecord], query: PageQuery) -> MachinePage:
+async def tenant_counts(store: Store, principal: Principal) -> dict[str, int]:
+    """How many of the caller's tenant's workloads are placed on each machine, not yet removed."""
+    stmt = (
+        sa.select(m.workloads.c.placed_machine, sa.func.count())
+        .where(
+            m.workloads.c.tenant_id == principal.tenant_id,
+            m.workloads.c.placed_machine.is_not(None),
+            m.workloads.c.state.not_in([s.value for s in TERMINAL_STATES]),
+        )
+        .group_by(m.workloads.c.placed_machine)
+    )
+    async with store.read() as conn:
+        return {machine: int(n) for machine, n in (await conn.execute(stmt)).all()}
+
+
+def list_machines(
+    machines: list[MachineRecord], query: PageQuery, own: dict[str, int] | None = None
+) -> MachinePage:
+    """`own`: the caller's tenant's counts per machine; None (the operator) counts them all."""
     page, cursor = _page(machines, lambda r: r.machine_id, query)
     items = [
         MachineOut(
@@ -89,7 +113,7 @@ def list_machines(machines: list[MachineRecord], query: PageQuery) -> MachinePag
             region=r.region,
             inventory=r.inventory,
             heartbeat_at=r.heartbeat_at,
-            workloads=r.workload_count,
+            workloads=r.workload_count if own is None else own.get(r.machine_id, 0),
         )
         for r in page
     ]
