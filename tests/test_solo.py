@@ -146,20 +146,35 @@ def solo(tmp_path: Path) -> Iterator[Solo]:
             running.proc.stdout.close()
     running._close_terminal()
     # Workloads outlive Solo by design; the test's own must not outlive the test.
-    for proc in psutil.process_iter(["cwd"]):
+    uids = _workload_uids(tmp_path / "data")
+    for proc in psutil.process_iter(["cwd", "uids"]):
         try:
-            if proc.info["cwd"] and proc.info["cwd"].startswith(str(tmp_path)):
+            mine = proc.info["cwd"] and proc.info["cwd"].startswith(str(tmp_path))
+            if mine or proc.info["uids"].real in uids:
                 proc.kill()
         except psutil.Error:
             pass
 
 
+def _workload_uids(data_dir: Path) -> set[int]:
+    """The users a root agent ran this data dir's workloads as (ADR-0007)."""
+    return {
+        int(path.read_text().strip())
+        for path in (data_dir / "workloads").glob("*/uid")
+        if path.read_text().strip().isdigit()
+    }
+
+
 def _notebook_pid(data_dir: Path, workload_id: str) -> int:
     root = str(data_dir / "workloads" / workload_id)
-    for proc in psutil.process_iter(["cwd", "cmdline"]):
+    uid_file = data_dir / "workloads" / workload_id / "uid"
+    # A root agent runs it as a user of its own, in a private dir elsewhere (ADR-0007).
+    uid = int(uid_file.read_text()) if uid_file.exists() else None
+    for proc in psutil.process_iter(["cwd", "cmdline", "uids"]):
         try:
             cwd = proc.info["cwd"] or ""
-            if cwd.startswith(root) and "jupyter" in " ".join(proc.info["cmdline"] or []):
+            ours = proc.info["uids"].real == uid if uid is not None else cwd.startswith(root)
+            if ours and "jupyter" in " ".join(proc.info["cmdline"] or []):
                 return int(proc.pid)
         except psutil.Error:
             continue

@@ -3,10 +3,15 @@
 It writes machines' desired states into the `machines` bucket and reads what the agent observed,
 exactly as the scheduler does; the agent under test is the real one (in-process, or a subprocess
 where a crash is tested). Every process a test starts is killed in teardown.
+
+A root agent runs workloads as users of their own (ADR-0007), who cannot run a Python that lives
+in a private home (under /root, say): `workload_python` is one they can.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +20,9 @@ import pytest
 import pytest_asyncio
 
 from einsora.agent import AgentService
+from einsora.agent import workload_python as workload_python_module
 from einsora.agent.testing import ControlPlane, Processes, StartAgent
+from einsora.agent.workload_python import WorkloadPython
 from einsora.common.bus import bind_bucket, names
 from einsora.common.settings import Settings
 from einsora.common.testing import Bus
@@ -56,3 +63,18 @@ def processes() -> Iterator[Processes]:
     tracked = Processes()
     yield tracked
     tracked.kill_all()
+
+
+@pytest.fixture(scope="session")
+def workload_python() -> Iterator[WorkloadPython]:
+    """A Python the agent's workloads can run (see `einsora.agent.workload_python`); the test
+    is skipped, saying why, where there is none."""
+    scratch = Path(tempfile.mkdtemp(prefix="einsora-python-"))
+    scratch.chmod(0o755)  # a wrapper in it must be reachable by every workload's user
+    try:
+        found = workload_python_module.find(scratch)
+        if isinstance(found, str):
+            pytest.skip(found)
+        yield found
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -1,18 +1,19 @@
 """The process driver through the agent: real local processes, their logs, park and remove,
-failures with reasons, and re-adoption by a restarted agent (in-process)."""
+failures with reasons, and re-adoption by a restarted agent (in-process). The workloads' Python
+is `workload_python`: under a root agent they run as users of their own (ADR-0007)."""
 
 from __future__ import annotations
 
 import os
 import signal
-import sys
 from pathlib import Path
 
+from einsora.agent.drivers import ProcessDriver
 from einsora.agent.drivers.probe import http_status
 from einsora.agent.testing import ControlPlane, Processes, StartAgent
+from einsora.agent.workload_python import WorkloadPython
 from einsora.common.schemas import DesiredWorkload, ObservedPhase, Target, WorkloadKind
 
-HTTP_SERVER = [sys.executable, "-m", "http.server", "$PORT", "--bind", "127.0.0.1"]
 running, failed = ObservedPhase.running, ObservedPhase.failed
 
 
@@ -25,10 +26,14 @@ def endpoint(
 
 
 async def test_endpoint_runs_answers_parks_and_is_removed(
-    control: ControlPlane, start_agent: StartAgent, processes: Processes, data_dir: Path
+    control: ControlPlane,
+    start_agent: StartAgent,
+    processes: Processes,
+    workload_python: WorkloadPython,
+    data_dir: Path,
 ) -> None:
-    await start_agent(machine_id="m-p1")
-    web = endpoint(control, "w-web", HTTP_SERVER)
+    agent = await start_agent(machine_id="m-p1")
+    web = endpoint(control, "w-web", workload_python.http_server())
     await control.put_desired("m-p1", 1, [web])
     seen = await control.wait_workload("m-p1", "w-web", lambda w: w.phase is running)
     pid = processes.track(seen.pid)
@@ -37,24 +42,30 @@ async def test_endpoint_runs_answers_parks_and_is_removed(
     assert await http_status("127.0.0.1", seen.endpoint.port, "/") == 200
     workdir = data_dir / "workloads" / "w-web"
     assert (workdir / "logs" / "stderr.log").exists()
-    (workdir / "home" / "notes.txt").write_text("kept while parked")
+    assert isinstance(agent.driver, ProcessDriver)
+    own = agent.driver.private_dir(workdir)  # `workdir` itself unless it has a user of its own
+    (own / "home" / "notes.txt").write_text("kept while parked")
 
     await control.put_desired("m-p1", 2, [web.model_copy(update={"target": Target.parked})])
     parked = await control.wait_workload("m-p1", "w-web", lambda w: w.phase is ObservedPhase.parked)
     assert parked.pid is None
     assert not processes.alive(pid)
-    assert (workdir / "home" / "notes.txt").read_text() == "kept while parked"
+    assert (own / "home" / "notes.txt").read_text() == "kept while parked"
 
     await control.put_desired("m-p1", 3, [web.model_copy(update={"target": Target.removed})])
     await control.wait_workload("m-p1", "w-web", lambda w: w.phase is ObservedPhase.removed)
     assert not workdir.exists()
+    assert not own.exists()
 
 
 async def test_resume_after_park_starts_a_new_process(
-    control: ControlPlane, start_agent: StartAgent, processes: Processes
+    control: ControlPlane,
+    start_agent: StartAgent,
+    processes: Processes,
+    workload_python: WorkloadPython,
 ) -> None:
     await start_agent(machine_id="m-p2")
-    web = endpoint(control, "w-re", HTTP_SERVER)
+    web = endpoint(control, "w-re", workload_python.http_server())
     await control.put_desired("m-p2", 1, [web])
     first = await control.wait_workload("m-p2", "w-re", lambda w: w.phase is running)
     processes.track(first.pid)
@@ -69,11 +80,14 @@ async def test_resume_after_park_starts_a_new_process(
 
 
 async def test_a_process_that_exits_fails_with_its_reason(
-    control: ControlPlane, start_agent: StartAgent, processes: Processes
+    control: ControlPlane,
+    start_agent: StartAgent,
+    processes: Processes,
+    workload_python: WorkloadPython,
 ) -> None:
     await start_agent(machine_id="m-p3")
     crash = [
-        sys.executable,
+        workload_python.path,
         "-c",
         "import sys; print('model file not found: /m.gguf', file=sys.stderr); sys.exit(3)",
     ]
@@ -107,10 +121,13 @@ async def test_a_process_that_exits_fails_with_its_reason(
 
 
 async def test_a_killed_process_fails_with_the_signal(
-    control: ControlPlane, start_agent: StartAgent, processes: Processes
+    control: ControlPlane,
+    start_agent: StartAgent,
+    processes: Processes,
+    workload_python: WorkloadPython,
 ) -> None:
     await start_agent(machine_id="m-p4")
-    await control.put_desired("m-p4", 1, [endpoint(control, "w-k", HTTP_SERVER)])
+    await control.put_desired("m-p4", 1, [endpoint(control, "w-k", workload_python.http_server())])
     seen = await control.wait_workload("m-p4", "w-k", lambda w: w.phase is running)
     os.kill(processes.track(seen.pid), signal.SIGKILL)
     dead = await control.wait_workload("m-p4", "w-k", lambda w: w.phase is failed)
@@ -118,10 +135,16 @@ async def test_a_killed_process_fails_with_the_signal(
 
 
 async def test_a_workload_not_in_desired_state_is_stopped_and_its_dir_kept(
-    control: ControlPlane, start_agent: StartAgent, processes: Processes, data_dir: Path
+    control: ControlPlane,
+    start_agent: StartAgent,
+    processes: Processes,
+    workload_python: WorkloadPython,
+    data_dir: Path,
 ) -> None:
     await start_agent(machine_id="m-p5")
-    await control.put_desired("m-p5", 1, [endpoint(control, "w-gone", HTTP_SERVER)])
+    await control.put_desired(
+        "m-p5", 1, [endpoint(control, "w-gone", workload_python.http_server())]
+    )
     seen = await control.wait_workload("m-p5", "w-gone", lambda w: w.phase is running)
     pid = processes.track(seen.pid)
     await control.put_desired("m-p5", 2, [])
@@ -134,11 +157,14 @@ async def test_a_workload_not_in_desired_state_is_stopped_and_its_dir_kept(
 
 
 async def test_a_process_ignoring_sigterm_is_killed_after_the_grace_period(
-    control: ControlPlane, start_agent: StartAgent, processes: Processes
+    control: ControlPlane,
+    start_agent: StartAgent,
+    processes: Processes,
+    workload_python: WorkloadPython,
 ) -> None:
     await start_agent(machine_id="m-p6", grace_s=0.5)
     stubborn = [
-        sys.executable,
+        workload_python.path,
         "-c",
         "import signal, socket, os; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
         "s = socket.socket(); s.bind(('127.0.0.1', int(os.environ['PORT']))); s.listen(); "
@@ -153,13 +179,19 @@ async def test_a_process_ignoring_sigterm_is_killed_after_the_grace_period(
 
 
 async def test_agent_stop_leaves_workloads_running_and_a_new_agent_adopts_them(
-    control: ControlPlane, start_agent: StartAgent, processes: Processes
+    control: ControlPlane,
+    start_agent: StartAgent,
+    processes: Processes,
+    workload_python: WorkloadPython,
 ) -> None:
     first = await start_agent(machine_id="m-p7")
     await control.put_desired(
         "m-p7",
         1,
-        [endpoint(control, "w-stay", HTTP_SERVER), endpoint(control, "w-go", HTTP_SERVER)],
+        [
+            endpoint(control, "w-stay", workload_python.http_server()),
+            endpoint(control, "w-go", workload_python.http_server()),
+        ],
     )
     state = await control.wait_observed(
         "m-p7", lambda s: len(s.workloads) == 2 and all(w.phase is running for w in s.workloads)
@@ -172,7 +204,9 @@ async def test_agent_stop_leaves_workloads_running_and_a_new_agent_adopts_them(
     assert processes.alive(go)
 
     # While no agent runs, the scheduler stops wanting w-go.
-    await control.put_desired("m-p7", 2, [endpoint(control, "w-stay", HTTP_SERVER)])
+    await control.put_desired(
+        "m-p7", 2, [endpoint(control, "w-stay", workload_python.http_server())]
+    )
     await start_agent(machine_id="m-p7")
     state = await control.wait_observed(
         "m-p7",

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from einsora.agent.testing import ControlPlane, Processes
+from einsora.agent.workload_python import WorkloadPython
 from einsora.common.schemas import ObservedPhase, WorkloadKind
 from einsora.common.testing import Bus, subprocess_env
 
 EINSORA = str(Path(sys.executable).parent / "einsora")
 AGENT = [EINSORA, "agent"]
-HTTP_SERVER = [sys.executable, "-m", "http.server", "$PORT", "--bind", "127.0.0.1"]
 
 
 class Agents:
@@ -60,7 +60,12 @@ def agents(tmp_path: Path) -> Iterator[Agents]:
 
 @pytest.mark.slow
 async def test_sigkilled_agent_restarts_and_adopts_its_workloads(
-    bus: Bus, control: ControlPlane, processes: Processes, agents: Agents, data_dir: Path
+    bus: Bus,
+    control: ControlPlane,
+    processes: Processes,
+    agents: Agents,
+    data_dir: Path,
+    workload_python: WorkloadPython,
 ) -> None:
     args = [
         "--nats",
@@ -76,7 +81,7 @@ async def test_sigkilled_agent_restarts_and_adopts_its_workloads(
     ]
     first = agents.start(*args)
     await control.wait_observed("m-kill", lambda s: True, within_s=30)
-    web = {"command": HTTP_SERVER}
+    web = {"command": workload_python.http_server()}
     stay = control.workload("w-stay", kind=WorkloadKind.endpoint, spec=web)
     go = control.workload("w-go", kind=WorkloadKind.endpoint, spec=web)
     await control.put_desired("m-kill", 1, [stay, go])

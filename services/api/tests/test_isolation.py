@@ -97,7 +97,9 @@ async def test_another_tenants_objects_answer_404_on_every_route(api_on_store: R
     assert victim.token_id in [t["id"] for t in tokens.body["items"]]
     invitations = await victim.client.get(f"/v1/tenants/{victim.tenant_id}/invitations")
     still_open = [
-        i["id"] for i in invitations.body["items"] if i["accepted_at"] is None and not i["revoked_at"]
+        i["id"]
+        for i in invitations.body["items"]
+        if i["accepted_at"] is None and i["revoked_at"] is None
     ]
     assert still_open == [victim.invitation_id]
 

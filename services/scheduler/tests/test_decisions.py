@@ -182,7 +182,8 @@ def test_a_machine_with_only_weak_isolation_takes_only_its_owners_tenant() -> No
     guest = _workload("l40s-48gb", tenant_id="t-guest", age_s=10)
     assert _admit(book, guest) is None
     assert guest.state is WorkloadState.queued
-    assert "m-host" in guest.reason and "weak isolation" in guest.reason
+    assert "m-host" in guest.reason
+    assert "weak isolation" in guest.reason
     # The guest waiting at the head of the pool does not hold back the owner's own workload.
     own = _workload("l40s-48gb", tenant_id="t-owner")
     assert _admit(book, own) == "m-host"

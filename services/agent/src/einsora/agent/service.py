@@ -24,7 +24,7 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js.errors import NoStreamResponseError
 
-from einsora.agent import identity, inventory, sim_inventory
+from einsora.agent import identity, inventory, sim_inventory, workload_python
 from einsora.agent.drivers import Driver, ProcessDriver, ProcessOptions, SimDriver, SimOptions
 from einsora.agent.machine import MachineAgent
 from einsora.agent.publisher import ObservedPublisher
@@ -101,6 +101,7 @@ class AgentService:
             )
         else:
             options = ProcessOptions(poll_s=poll_s)
+            python = python or _workload_python(options)
             if python is not None:
                 options = ProcessOptions(python=python, poll_s=poll_s)
             self.driver = ProcessDriver(options)
@@ -292,3 +293,29 @@ async def _bounded(
 def sim_inventory_spec(spec: str | None) -> sim_inventory.SimMachine:
     """The declared sim machine (a plain default one when no spec is given)."""
     return sim_inventory.load(spec) if spec else sim_inventory.SimMachine()
+
+
+def _workload_python(options: ProcessOptions) -> str | None:
+    """A Python that workloads' own users can run, when the agent's own is out of their reach.
+
+    A root agent runs workloads as unprivileged users (ADR-0007). Where its interpreter lives in
+    a private home (a venv over pyenv under /root), they could not run Jupyter at all; the
+    system's python3 of the same version, with the agent's packages, serves them instead. None:
+    the agent's own will do, or nothing will (the driver then refuses with the path).
+    """
+    if not options.unprivileged:
+        return None
+    scratch = options.homes / "python"
+    try:
+        scratch.mkdir(mode=0o755, parents=True, exist_ok=True)
+        options.homes.chmod(0o711)
+    except OSError as exc:
+        log.warning(
+            "no place for a workload Python", extra={"dir": str(scratch), "error": str(exc)}
+        )
+        return None
+    found = workload_python.find(scratch)
+    if isinstance(found, str):
+        log.warning("workloads may not run Python", extra={"reason": found})
+        return None
+    return None if found.path == options.python else found.path

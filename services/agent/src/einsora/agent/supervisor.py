@@ -4,6 +4,13 @@ Each supervisor is one asyncio task that sleeps until its goal changes or its dr
 again, so a thousand running sim workloads cost no timers at all. The goal can change at any
 moment (a new desired state); the supervisor finishes the step it is in, then acts on the latest
 goal. Closing a supervisor (the agent stopping) leaves its process running for the next agent.
+
+A workload that has not answered its readiness probe yet is `starting`, for at most the start
+timeout, counted from when it entered `starting`. Once it has answered (it is `running`; its
+handle says so, and so does its record after an agent restart), a probe that fails does not
+stop it: only `probe_failures` failures in a row, spanning at least `probe_failure_window_s`,
+fail it, each logged; one answer in between starts the count again. So a workload busy for a
+few seconds, or an agent whose own loop stalled, kills nothing.
 """
 
 from __future__ import annotations
@@ -11,11 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from einsora.agent.converge import Goal
 from einsora.agent.drivers import Driver, Handle, StartFailed
@@ -27,6 +34,13 @@ log = logging.getLogger("einsora.agent")
 DROPPED_REASON = "not in the desired state any more: stopped, its directory kept"
 
 
+PROBE_FAILURES: Final = 3
+"""Failed readiness probes in a row after which a running workload is failed and stopped."""
+PROBE_FAILURE_WINDOW_S: Final = 30.0
+"""The least time those failures must span: a running workload is failed only after its probe
+did not answer for this long. Probes after a failure are spread over it evenly."""
+
+
 @dataclass(frozen=True)
 class Timing:
     """How long the agent waits for workloads."""
@@ -35,6 +49,19 @@ class Timing:
     """Between SIGTERM and SIGKILL when stopping."""
     start_timeout_s: float = 300.0
     """How long a workload may stay `starting` (a spec's `start_timeout_s` overrides it)."""
+    probe_failures: int = PROBE_FAILURES
+    """See `PROBE_FAILURES`."""
+    probe_failure_window_s: float = PROBE_FAILURE_WINDOW_S
+    """See `PROBE_FAILURE_WINDOW_S`."""
+
+    def __post_init__(self) -> None:
+        if self.probe_failures < 1 or self.probe_failure_window_s < 0:
+            raise ValueError("probe_failures must be at least 1, the window at least 0 s")
+
+    @property
+    def probe_retry_s(self) -> float:
+        """When to probe again after a running workload's probe failed."""
+        return self.probe_failure_window_s / max(self.probe_failures - 1, 1)
 
 
 class WorkloadSupervisor:
@@ -64,7 +91,10 @@ class WorkloadSupervisor:
         self.dropped_at = 0
         """The generation that stopped listing this workload (see `settled_away`)."""
         self._may_start = True
-        self._since = time.monotonic()
+        self._starting_since = time.monotonic()
+        """When it entered `starting`: the start timeout counts from here."""
+        self._failed_probes = 0
+        self._first_failed_at = 0.0
         self._busy = False
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -76,7 +106,8 @@ class WorkloadSupervisor:
     def adopt(self, handle: Handle) -> None:
         """Take over a workload still running from before a restart."""
         self.handle = handle
-        self._since = time.monotonic()
+        self._starting_since = time.monotonic()
+        self._failed_probes = 0
         self._ensure_task()
 
     def orphan(self, reason: str) -> None:
@@ -211,7 +242,7 @@ class WorkloadSupervisor:
         if goal is Goal.remove and self.workdir is not None and self.workdir.exists():
             self._set(ObservedPhase.stopping)
             try:
-                await asyncio.to_thread(shutil.rmtree, self.workdir)
+                await self.driver.delete(self.workdir)
             except OSError as exc:
                 self._set(
                     ObservedPhase.failed, f"stopped, but its directory could not be deleted: {exc}"
@@ -230,12 +261,16 @@ class WorkloadSupervisor:
             self._set(ObservedPhase.failed, exc.message)
             return
         self.handle = handle
-        self._since = time.monotonic()
+        self._starting_since = time.monotonic()
+        self._failed_probes = 0
+        self._save_record(handle)
+        log.info("workload started", extra={"workload": self.workload_id, "pid": handle.pid})
+        self.on_change()
+
+    def _save_record(self, handle: Handle) -> None:
         record = self.driver.record(handle)
         if record is not None and self.records is not None:
             self.records.save(self.workload_id, record)
-        log.info("workload started", extra={"workload": self.workload_id, "pid": handle.pid})
-        self.on_change()
 
     async def _stop(self) -> None:
         handle = self.handle
@@ -262,18 +297,73 @@ class WorkloadSupervisor:
                 "workload failed", extra={"workload": self.workload_id, "reason": self.reason}
             )
             return None
-        if seen.phase is ObservedPhase.starting and goal is Goal.run:
-            limit = self._start_timeout()
-            if time.monotonic() - self._since > limit:
+        if seen.phase is ObservedPhase.running:
+            self._probe_answered(handle)
+        elif handle.ready:
+            verdict = self._probe_failed(seen.reason, goal)
+            if verdict is not None:
                 await self._stop()
                 self._may_start = False
-                self._set(
-                    ObservedPhase.failed,
-                    f"not ready after {limit:g} s: its readiness probe never answered; stopped",
+                self._set(ObservedPhase.failed, verdict)
+                log.warning(
+                    "workload failed", extra={"workload": self.workload_id, "reason": self.reason}
                 )
                 return None
-        self._set(seen.phase, seen.reason)
+            self._set(ObservedPhase.running)
+            return self.timing.probe_retry_s
+        elif goal is Goal.run:
+            limit = self._start_timeout()
+            if time.monotonic() - self._starting_since > limit:
+                await self._stop()
+                self._may_start = False
+                last = f" (last: {seen.reason})" if seen.reason else ""
+                self._set(
+                    ObservedPhase.failed,
+                    f"not ready after {limit:g} s: its readiness probe never answered{last}; "
+                    "stopped",
+                )
+                return None
+        self._set(seen.phase)
         return seen.recheck_s
+
+    def _probe_answered(self, handle: Handle) -> None:
+        if self._failed_probes:
+            log.info(
+                "readiness probe answers again",
+                extra={"workload": self.workload_id, "failed_before": self._failed_probes},
+            )
+            self._failed_probes = 0
+        if not handle.ready:
+            handle.ready = True
+            self._save_record(handle)  # a restarted agent must know it was running
+
+    def _probe_failed(self, reason: str, goal: Goal) -> str | None:
+        """Count a running workload's failed probe: the reason it fails for, once its probe
+        failed often enough for long enough (under goal `run` only), else None."""
+        now = time.monotonic()
+        if self._failed_probes == 0:
+            self._first_failed_at = now
+        self._failed_probes += 1
+        span = now - self._first_failed_at
+        log.warning(
+            "readiness probe failed",
+            extra={
+                "workload": self.workload_id,
+                "attempt": self._failed_probes,
+                "of": self.timing.probe_failures,
+                "reason": reason,
+            },
+        )
+        if (
+            goal is not Goal.run
+            or self._failed_probes < self.timing.probe_failures
+            or span < self.timing.probe_failure_window_s
+        ):
+            return None
+        return (
+            f"its readiness probe failed {self._failed_probes} times in a row over "
+            f"{round(span, 1):g} s (last: {reason}); stopped"
+        )
 
     def _start_timeout(self) -> float:
         value = (self.desired.spec if self.desired else {}).get("start_timeout_s")

@@ -134,7 +134,12 @@ async def eventually(check: Callable[[], Awaitable[bool]], within_s: float = 10.
 
 
 async def new_member(
-    api: RunningApi, tenant_id: str, username: str, role: str = "member", *, by: Client | None = None
+    api: RunningApi,
+    tenant_id: str,
+    username: str,
+    role: str = "member",
+    *,
+    by: Client | None = None,
 ) -> Client:
     """Invite a new user into a tenant and redeem the code as they would: a client as them."""
     inviter = by or api.owner

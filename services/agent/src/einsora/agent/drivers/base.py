@@ -30,14 +30,20 @@ class Handle:
     started_at: datetime
     pid: int | None = None
     endpoint: Endpoint | None = None
+    ready: bool = False
+    """Its readiness probe has answered since it started. Kept in its record, so a restarted
+    agent knows a failed probe is a running workload's (counted, see `supervisor`), not a slow
+    start's (bounded by the start timeout)."""
 
 
 @dataclass(frozen=True)
 class Observation:
     """A driver's view of one workload now.
 
-    `phase` is `starting`, `running` or `failed`; `recheck_s` is when the driver wants to look
-    again (None: nothing will change on its own, wait for a new target).
+    `phase` is `starting` (its readiness probe did not answer: `reason` says why), `running` or
+    `failed`; `recheck_s` is when the driver wants to look again (None: nothing will change on its
+    own, wait for a new target). A workload that was running and whose probe stops answering is
+    `starting` here too: what that means is the supervisor's decision, not the driver's.
     """
 
     phase: ObservedPhase
@@ -76,4 +82,8 @@ class Driver(Protocol):
 
     async def adopt(self, record: dict[str, Any]) -> Adoption:
         """The workload of `record`, still running, or why it cannot be adopted."""
+        ...
+
+    async def delete(self, workdir: Path) -> None:
+        """Delete a stopped workload's files: `workdir` last (raises OSError)."""
         ...

@@ -1,10 +1,14 @@
-"""What to run for a workload: its command line, environment, directory and readiness probe.
+"""What to run for a workload: its command line, environment, directories and readiness probe.
 
 A notebook is a real Jupyter server on a free port whose token comes from the control plane; it
 is handed over in a 0600 file (`JUPYTER_TOKEN_FILE`), never on the command line (visible to every
 user in /proc) and never in a log line (Jupyter logs `?token=...` for a token it did not make).
 An endpoint runs `spec.command` serving on `$PORT`. Workloads get a small environment of their
 own, not the agent's: the agent's may hold bus credentials.
+
+A workload that runs as a user of its own (ADR-0007) has its files in a private directory the
+agent does not write into: the plan names the directories and the token file, and `runas`, as
+that user, makes them.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import importlib.util
 import os
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from einsora.agent.drivers.base import StartFailed
@@ -26,17 +30,29 @@ PASSED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "TZ"
 
 @dataclass(frozen=True)
 class WorkloadDirs:
-    """A workload's working directory `<data_dir>/workloads/<id>/` and what lies in it.
+    """A workload's directories: the agent's `<data_dir>/workloads/<id>/`, and its own.
 
-    `home/` is the workload's own files (its current directory, Jupyter's root); `logs/` its
-    captured output; `jupyter/` Jupyter's runtime, data and config and the token file.
+    The agent's (`root`) holds `logs/`, its captured output, and for a workload of its own user
+    its uid and the agent's copy of its token (for the probe), all closed to the workload. Its
+    own (`own`) holds `home/` (its files, its current directory, Jupyter's root), `jupyter/`
+    (Jupyter's runtime, data and config, IPython's dir, the token file) and `tmp/`: `root`
+    itself when it runs as the agent's user, else its private directory `private`.
     """
 
     root: Path
+    private: Path | None = None
+
+    @property
+    def own(self) -> Path:
+        return self.root if self.private is None else self.private
 
     @property
     def home(self) -> Path:
-        return self.root / "home"
+        return self.own / "home"
+
+    @property
+    def tmp(self) -> Path:
+        return self.own / "tmp"
 
     @property
     def logs(self) -> Path:
@@ -52,14 +68,32 @@ class WorkloadDirs:
 
     @property
     def jupyter(self) -> Path:
-        return self.root / "jupyter"
+        return self.own / "jupyter"
 
     @property
     def token_file(self) -> Path:
+        """Where the workload reads its token."""
         return self.jupyter / "token"
 
+    @property
+    def probe_token_file(self) -> Path:
+        """Where the agent's probe reads it: never inside a private directory."""
+        return self.token_file if self.private is None else self.root / "token"
+
+    @property
+    def launch_file(self) -> Path:
+        """What `runas` starts (read, then deleted, by it)."""
+        return self.root / "launch.json"
+
     def create(self) -> None:
-        for path in (self.root, self.home, self.logs):
+        """The agent's directories, and the workload's own when they are the same."""
+        self.root.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        made = (
+            (self.root, self.logs)
+            if self.private is not None
+            else (self.root, self.home, self.logs)
+        )
+        for path in made:
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
@@ -72,6 +106,10 @@ class LaunchPlan:
     cwd: Path
     port: int
     probe: Probe
+    own_dirs: tuple[Path, ...] = field(default=())
+    """The workload's own directories, made before it starts (by its own user, if it has one)."""
+    token_copy: Path | None = None
+    """For a workload of its own user: where its user writes its token before it starts."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -82,11 +120,39 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def base_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def base_env(
+    dirs: WorkloadDirs, workload_id: str, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The passed part of the agent's environment, its own home and user when the workload
+    has a user of its own, then `extra` (the spec's)."""
     env = {k: v for k, v in os.environ.items() if k in PASSED_ENV}
     env.setdefault("PATH", os.defpath)
+    if dirs.private is not None:
+        env.update(
+            {
+                "HOME": str(dirs.home),
+                "USER": workload_id,
+                "LOGNAME": workload_id,
+                "TMPDIR": str(dirs.tmp),
+            }
+        )
     env.update(extra or {})
     return env
+
+
+def write_secret(path: Path, text: str) -> None:
+    """Write `text` to `path`, readable by the agent's user only (no newline added)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def _own_dirs(dirs: WorkloadDirs, *more: Path) -> tuple[Path, ...]:
+    own = (dirs.home, *more) if dirs.private is None else (dirs.home, dirs.tmp, *more)
+    if dirs.private is None:  # the agent's user is the workload's: make them now
+        for path in own:
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return own
 
 
 def plan(workload: DesiredWorkload, dirs: WorkloadDirs, python: str) -> LaunchPlan:
@@ -110,6 +176,14 @@ def _spec_env(workload: DesiredWorkload) -> dict[str, str]:
     return dict(env)
 
 
+def jupyter_server_dir() -> Path | None:
+    """Where jupyter-server is installed beside the agent, if it is."""
+    spec = importlib.util.find_spec("jupyter_server")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
 def notebook_plan(workload: DesiredWorkload, dirs: WorkloadDirs, python: str) -> LaunchPlan:
     if not workload.access_token:
         raise StartFailed("a notebook needs its access token from the control plane; none came")
@@ -119,13 +193,10 @@ def notebook_plan(workload: DesiredWorkload, dirs: WorkloadDirs, python: str) ->
             "pip install 'einsora-agent[notebook]' on this machine"
         )
     jupyter = dirs.jupyter
-    for sub in ("runtime", "data", "config", "ipython"):
-        (jupyter / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(dirs.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(workload.access_token)  # no newline: Jupyter reads the file as it is
+    own = _own_dirs(dirs, *(jupyter / sub for sub in ("runtime", "data", "config", "ipython")))
+    write_secret(dirs.probe_token_file, workload.access_token)  # Jupyter reads it as it is
     port = free_port()
-    env = base_env(_spec_env(workload))
+    env = base_env(dirs, workload.workload_id, _spec_env(workload))
     env.update(
         {
             "JUPYTER_TOKEN_FILE": str(dirs.token_file),
@@ -152,9 +223,17 @@ def notebook_plan(workload: DesiredWorkload, dirs: WorkloadDirs, python: str) ->
         port=port,
         path="/api/status",
         expect_status=200,
-        token_file=str(dirs.token_file),
+        token_file=str(dirs.probe_token_file),
     )
-    return LaunchPlan(argv=argv, env=env, cwd=dirs.home, port=port, probe=probe)
+    return LaunchPlan(
+        argv=argv,
+        env=env,
+        cwd=dirs.home,
+        port=port,
+        probe=probe,
+        own_dirs=own,
+        token_copy=None if dirs.private is None else dirs.token_file,
+    )
 
 
 def endpoint_plan(workload: DesiredWorkload, dirs: WorkloadDirs) -> LaunchPlan:
@@ -176,7 +255,9 @@ def endpoint_plan(workload: DesiredWorkload, dirs: WorkloadDirs) -> LaunchPlan:
         raise StartFailed(f'spec.readiness_path must be a path starting with "/", not {path!r}')
     port = free_port()
     argv = [a.replace("${PORT}", str(port)).replace("$PORT", str(port)) for a in command]
-    env = base_env(_spec_env(workload))
+    env = base_env(dirs, workload.workload_id, _spec_env(workload))
     env["PORT"] = str(port)
     probe = Probe(kind=readiness, port=port, path=path)
-    return LaunchPlan(argv=argv, env=env, cwd=dirs.home, port=port, probe=probe)
+    return LaunchPlan(
+        argv=argv, env=env, cwd=dirs.home, port=port, probe=probe, own_dirs=_own_dirs(dirs)
+    )

@@ -2,28 +2,41 @@
 
 A notebook is a Jupyter server, an endpoint its `spec.command`; each runs in
 `<data_dir>/workloads/<id>/`, in a session of its own, its output in `logs/`. What a restarted
-agent needs to find it again (pid, start time, port, probe) is its `record`; a process is
+agent needs to find it again (pid, start time, port, probe, uid) is its `record`; a process is
 adopted only when both pid and start time still match.
+
+When the agent runs as root, each workload runs as an unprivileged user of its own, with its
+files in a private directory outside the data dir (`isolation`, ADR-0007); otherwise it runs as
+the agent's user, its files in its working directory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from einsora.agent.drivers import launch, spawn
+import psutil
+
+from einsora.agent.drivers import isolation, launch, spawn
 from einsora.agent.drivers.base import Adoption, Handle, Observation, StartFailed
-from einsora.agent.drivers.probe import Probe, check
-from einsora.common.schemas import DesiredWorkload, Endpoint, ObservedPhase, utcnow
+from einsora.agent.drivers.probe import PROBE_TIMEOUT_S, Probe, failure
+from einsora.common.schemas import DesiredWorkload, Endpoint, ObservedPhase, WorkloadKind, utcnow
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
 
 
 @dataclass(frozen=True)
 class ProcessOptions:
-    """Timing of the process driver."""
+    """Timing and isolation of the process driver."""
 
     python: str = sys.executable
     """The Python that runs Jupyter for notebooks (it needs the agent's `notebook` extra)."""
@@ -31,6 +44,12 @@ class ProcessOptions:
     """How often a running workload is looked at (process alive, probe answering)."""
     starting_poll_s: float = 0.25
     """How often a starting workload's probe is tried."""
+    probe_timeout_s: float = PROBE_TIMEOUT_S
+    """How long a workload has to answer one readiness probe."""
+    unprivileged: bool = field(default_factory=_is_root)
+    """Run each workload as a user of its own (ADR-0007): what a root agent does."""
+    homes: Path = isolation.WORKLOAD_HOMES
+    """Where the private directories of those workloads live (with the machine's book of uids)."""
 
 
 @dataclass
@@ -42,6 +61,8 @@ class ProcessHandle(Handle):
     workdir: str = ""
     child: bool = False
     """Started by this agent run (so its exit code can be read); False once adopted."""
+    uid: int | None = None
+    """The user of its own it runs as (None: the agent's user)."""
 
 
 class ProcessDriver:
@@ -51,21 +72,37 @@ class ProcessDriver:
 
     def __init__(self, options: ProcessOptions | None = None) -> None:
         self.options = options or ProcessOptions()
+        self.uids = isolation.UidBook(self.options.homes)
+
+    def private_dir(self, workdir: Path) -> Path:
+        """Where the workload of `workdir` keeps its own files (`home/`, `jupyter/`): its
+        private directory when it has a user of its own, else `workdir` itself."""
+        uid = isolation.uid_of(workdir) if self.options.unprivileged else None
+        return workdir if uid is None else self.uids.homes / str(uid)
 
     async def start(self, workload: DesiredWorkload, workdir: Path | None) -> Handle:
         if workdir is None:
             raise StartFailed("the process driver needs a working directory")
-        dirs = launch.WorkloadDirs(workdir)
         try:
+            user = None
+            if self.options.unprivileged:
+                user = await asyncio.to_thread(self.uids.claim, workdir)
+            dirs = launch.WorkloadDirs(workdir, None if user is None else user.home)
             dirs.create()
             plan = launch.plan(workload, dirs, self.options.python)
+            if user is not None:
+                self._check_isolated(workload, plan, workdir, user)
             header = f"{spawn.LOG_MARKER}{utcnow().isoformat()} ==\n"
             for log in (dirs.stdout, dirs.stderr):
                 with log.open("a") as f:
                     f.write(header)
-            spawned = spawn.spawn(
-                plan.argv, cwd=plan.cwd, env=plan.env, stdout=dirs.stdout, stderr=dirs.stderr
-            )
+            if user is None:
+                spawned = spawn.spawn(
+                    plan.argv, cwd=plan.cwd, env=plan.env, stdout=dirs.stdout, stderr=dirs.stderr
+                )
+            else:
+                launch.write_secret(dirs.launch_file, _launch_file(plan, dirs, user))
+                spawned = spawn.spawn_as(dirs.launch_file, stdout=dirs.stdout, stderr=dirs.stderr)
         except OSError as exc:
             raise StartFailed(f"could not start its process: {exc}") from exc
         return ProcessHandle(
@@ -77,7 +114,24 @@ class ProcessDriver:
             probe=plan.probe,
             workdir=str(workdir),
             child=True,
+            uid=None if user is None else user.uid,
         )
+
+    def _check_isolated(
+        self,
+        workload: DesiredWorkload,
+        plan: launch.LaunchPlan,
+        workdir: Path,
+        user: isolation.WorkloadUser,
+    ) -> None:
+        """StartFailed, naming the path, for what the workload's user would not get past (its
+        program, Jupyter) or should not (the agent's data dir)."""
+        isolation.check_closed(workdir.parent.parent, user)
+        isolation.check_can_run(plan.argv[0], plan.env.get("PATH"), user)
+        same_python = os.path.realpath(self.options.python) == os.path.realpath(sys.executable)
+        package = launch.jupyter_server_dir()
+        if workload.kind is WorkloadKind.notebook and same_python and package is not None:
+            isolation.check_can_read("jupyter-server, installed at", package, user)
 
     async def observe(self, handle: Handle) -> Observation:
         assert isinstance(handle, ProcessHandle)
@@ -85,15 +139,19 @@ class ProcessDriver:
         ended, code = self._ended(handle)
         if ended:
             return Observation(ObservedPhase.failed, self.exit_reason(handle, code))
-        ready = handle.probe is None or await check(handle.probe)
-        if ready:
+        why = None
+        if handle.probe is not None:
+            why = await failure(handle.probe, self.options.probe_timeout_s)
+        if why is None:
             return Observation(ObservedPhase.running, recheck_s=self.options.poll_s)
-        return Observation(ObservedPhase.starting, recheck_s=self.options.starting_poll_s)
+        return Observation(ObservedPhase.starting, why, recheck_s=self.options.starting_poll_s)
 
     async def stop(self, handle: Handle, grace_s: float) -> None:
         assert isinstance(handle, ProcessHandle)
         assert handle.pid is not None
         await spawn.terminate(handle.pid, handle.create_time, child=handle.child, grace_s=grace_s)
+        if handle.uid is not None:  # its uid is its alone: whatever still runs as it is its own
+            await asyncio.to_thread(isolation.kill_all_of, handle.uid)
 
     def record(self, handle: Handle) -> dict[str, Any] | None:
         assert isinstance(handle, ProcessHandle)
@@ -105,6 +163,8 @@ class ProcessDriver:
             "endpoint": None if handle.endpoint is None else handle.endpoint.model_dump(),
             "probe": None if handle.probe is None else handle.probe.to_dict(),
             "workdir": handle.workdir,
+            "uid": handle.uid,
+            "ready": handle.ready,
         }
 
     async def adopt(self, record: dict[str, Any]) -> Adoption:
@@ -118,6 +178,8 @@ class ProcessDriver:
                 probe=None if record.get("probe") is None else Probe.from_dict(record["probe"]),
                 workdir=str(record.get("workdir", "")),
                 child=False,
+                uid=None if record.get("uid") is None else int(record["uid"]),
+                ready=record.get("ready") is True,
             )
         except (KeyError, TypeError, ValueError) as exc:
             return Adoption(None, f"its record could not be read ({exc})")
@@ -129,7 +191,26 @@ class ProcessDriver:
                 f"its process (pid {handle.pid}) ended while the agent was not running"
                 + self._tail(handle),
             )
+        try:
+            uid = alive.uids().real
+        except psutil.Error:
+            uid = None
+        if handle.uid is not None and uid != handle.uid:
+            return Adoption(
+                None, f"its process (pid {handle.pid}) runs as uid {uid}, not its own {handle.uid}"
+            )
         return Adoption(handle)
+
+    async def delete(self, workdir: Path) -> None:
+        await asyncio.to_thread(self._delete, workdir)
+
+    def _delete(self, workdir: Path) -> None:
+        if self.options.unprivileged:
+            try:
+                self.uids.release(workdir)
+            except StartFailed as exc:
+                raise OSError(exc.message) from exc
+        shutil.rmtree(workdir)
 
     def _ended(self, handle: ProcessHandle) -> tuple[bool, int | None]:
         assert handle.pid is not None
@@ -153,3 +234,21 @@ class ProcessDriver:
             if tail:
                 return f"; last lines of logs/{log.name}: {tail}"
         return ""
+
+
+def _launch_file(
+    plan: launch.LaunchPlan, dirs: launch.WorkloadDirs, user: isolation.WorkloadUser
+) -> str:
+    """What `runas` needs, as JSON: it holds the workload's environment, so it stays 0600."""
+    return json.dumps(
+        {
+            "uid": user.uid,
+            "gid": user.gid,
+            "dirs": [str(p) for p in plan.own_dirs],
+            "token_from": None if plan.token_copy is None else str(dirs.probe_token_file),
+            "token_to": None if plan.token_copy is None else str(plan.token_copy),
+            "cwd": str(plan.cwd),
+            "argv": plan.argv,
+            "env": plan.env,
+        }
+    )

@@ -92,3 +92,6 @@ class SimDriver:
 
     async def adopt(self, record: dict[str, Any]) -> Adoption:
         return Adoption(None, "the sim driver keeps nothing across restarts")
+
+    async def delete(self, workdir: Path) -> None:
+        return None  # it made no files

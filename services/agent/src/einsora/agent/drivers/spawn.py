@@ -5,7 +5,8 @@ terminal, leaves it running), with its output appended to log files. It is start
 `posix_spawn` through `/bin/sh` (which changes directory, then `exec`s the command, so the pid is
 the workload's): no `subprocess.Popen` object is left behind to warn or to reap the process behind
 our back, and no `fork` of a threaded agent. A process is identified by pid AND start time, so a
-recycled pid is never signalled.
+recycled pid is never signalled. A workload that runs as a user of its own is started through
+`runas` instead, with the agent's Python, which drops root before it `exec`s the workload.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +23,8 @@ from pathlib import Path
 from typing import Final, Literal
 
 import psutil
+
+from einsora.agent.drivers import runas
 
 _TRAMPOLINE = 'cd -- "$1" || exit 126; shift; exec "$@"'
 _DEFAULT_SIGNALS = tuple(
@@ -44,16 +48,30 @@ def spawn(
     Raises OSError when the process cannot be created. A command that does not exist starts,
     then exits 127 with the shell's message in `stderr`.
     """
+    args = ["/bin/sh", "-c", _TRAMPOLINE, "einsora-workload", str(cwd), *argv]
+    return _spawn("/bin/sh", args, env, stdout, stderr)
+
+
+def spawn_as(launch_file: Path, *, stdout: Path, stderr: Path) -> Spawned:
+    """Start the workload `launch_file` describes as its own user (see `runas`), in a new
+    session, output appended to `stdout` and `stderr`. Only a root agent can."""
+    python = sys.executable
+    args = [python, "-I", "-S", str(Path(runas.__file__)), str(launch_file)]
+    return _spawn(python, args, {}, stdout, stderr)
+
+
+def _spawn(
+    path: str, args: list[str], env: Mapping[str, str], stdout: Path, stderr: Path
+) -> Spawned:
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
     actions = [
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
         (os.POSIX_SPAWN_OPEN, 1, str(stdout), flags, 0o600),
         (os.POSIX_SPAWN_OPEN, 2, str(stderr), flags, 0o600),
     ]
-    args = ["/bin/sh", "-c", _TRAMPOLINE, "einsora-workload", str(cwd), *argv]
     try:
         pid = os.posix_spawn(
-            "/bin/sh",
+            path,
             args,
             dict(env),
             file_actions=actions,
@@ -63,7 +81,7 @@ def spawn(
         )
     except NotImplementedError:  # no POSIX_SPAWN_SETSID (older macOS): a process group of its own
         pid = os.posix_spawn(
-            "/bin/sh",
+            path,
             args,
             dict(env),
             file_actions=actions,
