@@ -100,6 +100,27 @@ async def workload_cap(conn: AsyncConnection, tenant_id: str, default: int) -> i
     return cap
 
 
+_CAP_SEEN_S = 5.0
+"""How long an api trusts what it read of a tenant's own cap: a PUT here forgets it at once,
+another replica's PUT is seen within this time."""
+_caps_seen: dict[str, tuple[float, bool]] = {}
+
+
+async def has_own_cap(store: Store, tenant_id: str) -> bool:
+    """Whether the operator set a cap of this tenant's own; remembered a few seconds, so a
+    launch (the hot path) does not read the store for it every time."""
+    now = time.monotonic()
+    seen = _caps_seen.get(tenant_id)
+    if seen is not None and now - seen[0] < _CAP_SEEN_S:
+        return seen[1]
+    async with store.read() as conn:
+        capped = await workload_cap(conn, tenant_id, 0) is not None
+    if len(_caps_seen) > 10_000:
+        _caps_seen.clear()
+    _caps_seen[tenant_id] = (now, capped)
+    return capped
+
+
 async def live_workloads(conn: AsyncConnection, tenant_id: str) -> int:
     """How many of `tenant_id`'s workloads are not removed (what the cap counts)."""
     count = await conn.scalar(
@@ -169,7 +190,9 @@ async def put(
             .values(tenant_id=tenant.id, **values)
             .on_conflict_do_update(index_elements=["tenant_id"], set_=values)
         )
-        return await _limits_of(conn, tenant.id, settings)
+        out = await _limits_of(conn, tenant.id, settings)
+    _caps_seen.pop(tenant.id, None)  # the next launch reads the new cap
+    return out
 
 
 async def _limits_of(conn: AsyncConnection, tenant_id: str, settings: Settings) -> TenantLimitsOut:

@@ -34,7 +34,7 @@ from einsora.api.schemas.workloads import (
     WorkloadPage,
     spec_json,
 )
-from einsora.api.services.limits import check_workload_cap, workload_cap
+from einsora.api.services.limits import check_workload_cap, has_own_cap
 from einsora.api.store import Store
 from einsora.common.catalog import Catalog
 from einsora.common.ids import is_id, new_id
@@ -277,8 +277,7 @@ async def create(
 
 async def _has_cap(store: Store, tenant_id: str) -> bool:
     """Whether the operator set a cap for this tenant (when the settings set no default)."""
-    async with store.read() as conn:
-        return await workload_cap(conn, tenant_id, 0) is not None
+    return await has_own_cap(store, tenant_id)
 
 
 def _entry(
