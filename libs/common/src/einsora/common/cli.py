@@ -8,6 +8,8 @@ nothing that needs a server dependency.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
@@ -35,7 +37,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    return run(build_parser(), argv)
+
+
+def main_of(command: str, register: Register, argv: Sequence[str] | None = None) -> int:
+    """`python -m <package> ARGS` = `einsora <command> ARGS`, loading no other package's commands
+    (for hosts where the `einsora` script is not on PATH)."""
+    parser = argparse.ArgumentParser(prog="einsora")
+    register(parser.add_subparsers(dest="command"))
+    return run(parser, [command, *(sys.argv[1:] if argv is None else argv)])
+
+
+def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    """Parse, run the chosen command, and turn what a person should read into an exit code."""
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
     if func is None:
@@ -48,6 +62,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`einsora … | head`): no traceback; 141 as a shell says.
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return 141
     return code
 
 

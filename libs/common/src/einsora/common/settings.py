@@ -7,10 +7,14 @@ Nothing in Einsora reads the environment at import time; a command builds `Setti
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from einsora.common.errors import ConfigError
 
 
 def default_data_dir() -> Path:
@@ -100,3 +104,12 @@ class Settings(BaseSettings):
     api_metrics_host: str = Field(
         default="127.0.0.1", description="Where /metrics listens: loopback unless set"
     )
+
+
+def settings_from(flags: Mapping[str, Any]) -> Settings:
+    """Settings from a command's flags (None: not given, so `EINSORA_*` or the default
+    applies); a bad value is a ConfigError naming it, not a traceback."""
+    try:
+        return Settings(**{k: v for k, v in flags.items() if v is not None})
+    except ValidationError as exc:
+        raise ConfigError(f"invalid setting: {exc}") from exc

@@ -10,12 +10,11 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
-from typing import Any
 
 from einsora.agent.service import AgentService, DriverName
 from einsora.common import logs
 from einsora.common.service import serve_until_signalled
-from einsora.common.settings import Settings
+from einsora.common.settings import settings_from
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -88,16 +87,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    overrides: dict[str, Any] = {
-        k: v
-        for k, v in {
-            "nats_url": args.nats,
-            "region": args.region,
-            "data_dir": args.data_dir,
-        }.items()
-        if v is not None
-    }
-    settings = Settings(**overrides)
+    settings = settings_from(
+        {"nats_url": args.nats, "region": args.region, "data_dir": args.data_dir}
+    )
     logs.configure(settings.log_level, settings.log_format)
     driver: DriverName = args.driver or (
         "sim" if args.sim_inventory is not None or args.sim_machines != 1 else "process"

@@ -6,13 +6,12 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
-from typing import Any
 
 from einsora.common import logs
 from einsora.common.catalog import Catalog
-from einsora.common.errors import EinsoraError
+from einsora.common.cli import main_of
 from einsora.common.service import serve_until_signalled
-from einsora.common.settings import Settings
+from einsora.common.settings import Settings, settings_from
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,20 +32,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
-    overrides: dict[str, Any] = {
-        "nats_url": args.nats,
-        "database_url": args.database_url,
-        "api_port": args.port,
-        "bind_host": args.host,
-        "data_dir": args.data_dir,
-        "region": args.region,
-    }
-    return Settings(**{k: v for k, v in overrides.items() if v is not None})
-
-
 def run(args: argparse.Namespace) -> int:
-    settings = settings_from(args)
+    settings = settings_from(
+        {
+            "nats_url": args.nats,
+            "database_url": args.database_url,
+            "api_port": args.port,
+            "bind_host": args.host,
+            "data_dir": args.data_dir,
+            "region": args.region,
+        }
+    )
     logs.configure(settings.log_level, settings.log_format)
     catalog = Catalog.load(args.catalog)
     return asyncio.run(_serve(settings, catalog))
@@ -80,15 +76,7 @@ async def _serve(settings: Settings, catalog: Catalog) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m einsora.api.command ARGS` = `einsora api ARGS`, without the other commands."""
-    parser = argparse.ArgumentParser(prog="einsora")
-    register(parser.add_subparsers())
-    args = parser.parse_args(["api", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        code: int = args.func(args)
-    except EinsoraError as exc:
-        print(f"einsora: {exc.message}", file=sys.stderr)
-        return 1
-    return code
+    return main_of("api", register, argv)
 
 
 if __name__ == "__main__":

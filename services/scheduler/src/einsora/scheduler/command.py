@@ -10,14 +10,10 @@ import argparse
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
-
-from pydantic import ValidationError
 
 from einsora.common import logs
-from einsora.common.errors import ConfigError
 from einsora.common.service import serve_until_signalled
-from einsora.common.settings import Settings
+from einsora.common.settings import settings_from
 from einsora.scheduler.service import SchedulerService
 
 log = logging.getLogger("einsora.scheduler")
@@ -73,22 +69,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    overrides: dict[str, Any] = {
-        key: value
-        for key, value in {
+    settings = settings_from(
+        {
             "nats_url": args.nats,
             "region": args.region,
             "database_url": args.database_url,
             "data_dir": args.data_dir,
             "log_level": args.log_level,
             "log_format": args.log_format,
-        }.items()
-        if value is not None
-    }
-    try:
-        settings = Settings(**overrides)
-    except ValidationError as exc:
-        raise ConfigError(f"invalid setting: {exc}") from exc
+        }
+    )
     logs.configure(settings.log_level, settings.log_format)
     service = SchedulerService(
         settings,
