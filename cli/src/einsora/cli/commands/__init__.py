@@ -41,6 +41,9 @@ def run_action(action: Action) -> Callable[[argparse.Namespace], int]:
                 print(f"request ID: {escape(exc.request_id)}", file=sys.stderr)
             if exc.status == 401 and config.token is None:
                 print("no token found: set EINSORA_TOKEN or run `einsora login`", file=sys.stderr)
+            elif exc.status == 401:
+                # Which token was refused matters most when several could have been used.
+                print(f"the token came from {escape(config.token_source)}", file=sys.stderr)
             return EXIT_REFUSED
         except ApiUnreachable as exc:
             print(f"einsora: {escape(exc.message)}", file=sys.stderr)

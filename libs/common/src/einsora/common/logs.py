@@ -18,7 +18,6 @@ from typing import Any
 _CONTEXT: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
     "einsora_log_context", default=None
 )
-CONTEXT_FIELDS = ("request_id", "tenant", "subject")
 
 # Attributes every LogRecord has; anything else was passed with `extra=` and is logged.
 _RECORD_ATTRS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}

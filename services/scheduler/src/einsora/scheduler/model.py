@@ -34,18 +34,6 @@ class Liveness(StrEnum):
     lost = "lost"
 
 
-ACTIVE_STATES = frozenset(
-    {
-        WorkloadState.scheduled,
-        WorkloadState.starting,
-        WorkloadState.running,
-        WorkloadState.parking,
-        WorkloadState.removing,
-    }
-)
-"""States in which a workload has (or is having) something done on a machine."""
-
-
 @dataclass
 class Row:
     """One workload in one machine's desired state.
