@@ -5,7 +5,9 @@ never does. Each service owns its tables and its migrations, and records its mig
 in a table of its own, so services can share one database file in Solo without sharing tables.
 """
 
+from einsora.store.database import Database
 from einsora.store.engine import create_engine, is_postgres, is_sqlite
 from einsora.store.migrations import upgrade
+from einsora.store.types import UtcDateTime
 
-__all__ = ["create_engine", "is_postgres", "is_sqlite", "upgrade"]
+__all__ = ["Database", "UtcDateTime", "create_engine", "is_postgres", "is_sqlite", "upgrade"]

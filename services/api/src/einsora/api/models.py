@@ -8,11 +8,9 @@ shape (a test compares the two on both engines).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import sqlalchemy as sa
-from sqlalchemy.engine import Dialect
-from sqlalchemy.types import TypeDecorator
+
+from einsora.store import UtcDateTime
 
 metadata = sa.MetaData(
     naming_convention={
@@ -27,23 +25,6 @@ ID = sa.String(32)
 NAME = sa.String(64)
 AUTO_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 """An autoincrementing key: SQLite only autoincrements `INTEGER PRIMARY KEY`."""
-
-
-class UtcDateTime(TypeDecorator[datetime]):
-    """A timestamp stored as naive UTC and read back as an aware UTC datetime on every engine."""
-
-    impl = sa.DateTime(timezone=False)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError("naive datetimes are not stored; use an aware UTC time")
-        return value.astimezone(UTC).replace(tzinfo=None)
-
-    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        return None if value is None else value.replace(tzinfo=UTC)
 
 
 tenants = sa.Table(

@@ -29,7 +29,7 @@ from einsora.common.schemas import (
 from einsora.scheduler import tables as t
 from einsora.scheduler.book import Changes, OutboxEvent
 from einsora.scheduler.model import Liveness, Machine, Row, Workload
-from einsora.store import create_engine, upgrade
+from einsora.store import Database
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "alembic_version_scheduler"
@@ -46,21 +46,17 @@ class Snapshot:
     outbox: list[OutboxEvent]
 
 
-class SchedulerStore:
-    """The scheduler's tables behind an async engine (SQLite or Postgres)."""
+class SchedulerStore(Database):
+    """The scheduler's tables behind an async engine (SQLite or Postgres), with the store's one
+    transaction policy: in Solo it shares the api's file, and its writes take turns with the
+    api's rather than failing (einsora.store.database)."""
 
-    def __init__(self, url: str) -> None:
-        self.engine = create_engine(url)
-
-    async def migrate(self) -> None:
-        await upgrade(self.engine, MIGRATIONS, version_table=VERSION_TABLE)
-
-    async def close(self) -> None:
-        await self.engine.dispose()
+    async def migrate(self) -> None:  # type: ignore[override]
+        await super().migrate(MIGRATIONS, version_table=VERSION_TABLE)
 
     async def forget_old_intents(self, older_than: timedelta = INTENT_MEMORY) -> int:
         """Forget processed intents JetStream can no longer redeliver (INTENTS keeps 7 days)."""
-        async with self.engine.begin() as conn:
+        async with self.write() as conn:
             result = await conn.execute(
                 t.processed_intents.delete().where(
                     t.processed_intents.c.processed_at < utcnow() - older_than
@@ -71,7 +67,7 @@ class SchedulerStore:
     # --- reading ----------------------------------------------------------------------------
 
     async def load(self, region: str) -> Snapshot:
-        async with self.engine.connect() as conn:
+        async with self.read() as conn:
             machines = {
                 r.machine_id: _machine(r)
                 for r in await conn.execute(
@@ -115,7 +111,7 @@ class SchedulerStore:
         store knows (with their state), in one round trip to the database."""
         seen: set[str] = set()
         states: dict[str, WorkloadState] = {}
-        async with self.engine.connect() as conn:
+        async with self.read() as conn:
             for chunk in _chunks(intent_ids):
                 result = await conn.execute(
                     sa.select(t.processed_intents.c.intent_id).where(
@@ -128,14 +124,14 @@ class SchedulerStore:
 
     async def states_of(self, workload_ids: Sequence[str]) -> dict[str, WorkloadState]:
         """The state of each of these workloads that the store knows."""
-        async with self.engine.connect() as conn:
+        async with self.read() as conn:
             return await _states_of(conn, workload_ids)
 
     # --- writing ----------------------------------------------------------------------------
 
     async def commit(self, changes: Changes, published: Sequence[str]) -> None:
         """Write one cycle's changes in one transaction; forget the outbox rows `published`."""
-        async with self.engine.begin() as conn:
+        async with self.write() as conn:
             await _save_machines(conn, changes)
             await _save_workloads(conn, changes)
             await _save_rows(conn, changes)

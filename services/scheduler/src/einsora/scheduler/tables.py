@@ -8,28 +8,13 @@ of the code. The migrations in `migrations/versions` create exactly these.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import sqlalchemy as sa
-from sqlalchemy.engine import Dialect
-from sqlalchemy.types import TypeDecorator
 
+from einsora.store import UtcDateTime
 
-class UtcDateTime(TypeDecorator[datetime]):
-    """A timezone-aware UTC datetime on both engines (SQLite stores it naive)."""
-
-    impl = sa.DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        return value.astimezone(UTC)
-
-    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+# The scheduler's columns carry a time zone (`timestamptz` on Postgres), as its first
+# migration made them; the values are aware UTC either way.
+UTC_TIME = UtcDateTime(timezone=True)
 
 
 metadata = sa.MetaData()
@@ -58,9 +43,9 @@ workloads = sa.Table(
     sa.Column("reason", sa.Text, nullable=False),
     sa.Column("machine_id", sa.String(64), nullable=True),
     sa.Column("seq", sa.BigInteger, nullable=False),
-    sa.Column("pending_since", UtcDateTime, nullable=True),
+    sa.Column("pending_since", UTC_TIME, nullable=True),
     sa.Column("request_id", sa.String(128), nullable=True),
-    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("created_at", UTC_TIME, nullable=False),
     sa.Index("ix_scheduler_workloads_region_state", "region", "state"),
 )
 
@@ -100,7 +85,7 @@ processed_intents = sa.Table(
     sa.Column("intent_id", sa.String(64), primary_key=True),
     sa.Column("workload_id", sa.String(64), nullable=False),
     sa.Column("action", sa.String(16), nullable=False),
-    sa.Column("processed_at", UtcDateTime, nullable=False),
+    sa.Column("processed_at", UTC_TIME, nullable=False),
 )
 
 outbox = sa.Table(

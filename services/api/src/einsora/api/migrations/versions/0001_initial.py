@@ -4,7 +4,8 @@ idempotency keys."""
 import sqlalchemy as sa
 from alembic import op
 
-from einsora.api.models import AUTO_ID, UtcDateTime
+from einsora.api.models import AUTO_ID
+from einsora.store import UtcDateTime
 
 revision = "0001"
 down_revision = None

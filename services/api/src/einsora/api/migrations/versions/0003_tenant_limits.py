@@ -3,7 +3,7 @@
 import sqlalchemy as sa
 from alembic import op
 
-from einsora.api.models import UtcDateTime
+from einsora.store import UtcDateTime
 
 revision = "0003"
 down_revision = "0002"

@@ -8,7 +8,7 @@ operator user may have been minted for them by a tenant admin, which ADR-0008 cl
 import sqlalchemy as sa
 from alembic import op
 
-from einsora.api.models import UtcDateTime
+from einsora.store import UtcDateTime
 
 revision = "0004"
 down_revision = "0003"
