@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from einsora.api import models as m
 from einsora.api.auth import Principal
 from einsora.api.errors import Conflict, Forbidden, NotFound
-from einsora.api.pagination import cursor_str, encode_cursor
+from einsora.api.pagination import keyset_page
 from einsora.api.schemas.common import PageQuery
 from einsora.api.schemas.tenants import (
     InvitationCreate,
@@ -161,13 +161,8 @@ async def invite(
 async def _page(
     conn: AsyncConnection, stmt: sa.Select[tuple[object, ...]], query: PageQuery
 ) -> InvitationPage:
-    after = cursor_str(query.cursor)
-    if after is not None:
-        stmt = stmt.where(m.invitations.c.id > after)
-    rows = (await conn.execute(stmt.order_by(m.invitations.c.id).limit(query.limit + 1))).all()
-    items = [_out(r) for r in rows[: query.limit]]
-    more = len(rows) > query.limit
-    return InvitationPage(items=items, next_cursor=encode_cursor(items[-1].id) if more else None)
+    items, cursor = await keyset_page(conn, stmt, m.invitations.c.id, query, _out, lambda i: i.id)
+    return InvitationPage(items=items, next_cursor=cursor)
 
 
 async def list_for_tenant(

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from einsora.api import models as m
 from einsora.api.auth import Principal
 from einsora.api.errors import Conflict, Forbidden, NotFound
-from einsora.api.pagination import cursor_str, encode_cursor
+from einsora.api.pagination import keyset_page
 from einsora.api.schemas.common import PageQuery
 from einsora.api.schemas.tenants import (
     MemberOut,
@@ -59,15 +59,16 @@ async def list_tenants(store: Store, principal: Principal, query: PageQuery) -> 
     stmt = sa.select(m.tenants.c.id, m.tenants.c.name, m.tenants.c.created_at)
     if not principal.is_operator:
         stmt = stmt.where(m.tenants.c.id == principal.tenant_id)
-    after = cursor_str(query.cursor)
-    if after is not None:
-        stmt = stmt.where(m.tenants.c.id > after)
-    stmt = stmt.order_by(m.tenants.c.id).limit(query.limit + 1)
     async with store.read() as conn:
-        rows = (await conn.execute(stmt)).all()
-    items = [TenantOut.model_validate(r, from_attributes=True) for r in rows[: query.limit]]
-    more = len(rows) > query.limit
-    return TenantPage(items=items, next_cursor=encode_cursor(items[-1].id) if more else None)
+        items, cursor = await keyset_page(
+            conn,
+            stmt,
+            m.tenants.c.id,
+            query,
+            lambda r: TenantOut.model_validate(r, from_attributes=True),
+            lambda t: t.id,
+        )
+    return TenantPage(items=items, next_cursor=cursor)
 
 
 async def visible_tenant(conn: AsyncConnection, principal: Principal, tenant_id: str) -> TenantRef:
@@ -93,21 +94,19 @@ async def list_members(
         .join(m.users, m.users.c.id == m.members.c.user_id)
         .where(m.members.c.tenant_id == tenant_id)
     )
-    after = cursor_str(query.cursor)
-    if after is not None:
-        stmt = stmt.where(m.users.c.id > after)
-    stmt = stmt.order_by(m.users.c.id).limit(query.limit + 1)
     async with store.read() as conn:
         tenant = await visible_tenant(conn, principal, tenant_id)
-        rows = (await conn.execute(stmt)).all()
-    items = [
-        MemberOut(
-            user=UserOut(id=r.id, username=r.username),
-            tenant=tenant,
-            role=Role(r.role),
-            created_at=r.created_at,
+        items, cursor = await keyset_page(
+            conn,
+            stmt,
+            m.users.c.id,
+            query,
+            lambda r: MemberOut(
+                user=UserOut(id=r.id, username=r.username),
+                tenant=tenant,
+                role=Role(r.role),
+                created_at=r.created_at,
+            ),
+            lambda member: member.user.id,
         )
-        for r in rows[: query.limit]
-    ]
-    more = len(rows) > query.limit
-    return MemberPage(items=items, next_cursor=encode_cursor(items[-1].user.id) if more else None)
+    return MemberPage(items=items, next_cursor=cursor)

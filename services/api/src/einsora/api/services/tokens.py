@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from einsora.api import models as m
 from einsora.api.auth import Principal, new_secret, secret_hash
 from einsora.api.errors import Forbidden, NotFound
-from einsora.api.pagination import cursor_str, encode_cursor
+from einsora.api.pagination import keyset_page
 from einsora.api.schemas.common import PageQuery
 from einsora.api.schemas.tokens import TokenCreate, TokenCreated, TokenOut, TokenPage
 from einsora.api.store import Store
@@ -94,15 +94,16 @@ async def list_tokens(store: Store, principal: Principal, query: PageQuery) -> T
         m.api_tokens.c.last_used_at,
         m.api_tokens.c.operator,
     ).where(_own(principal))
-    after = cursor_str(query.cursor)
-    if after is not None:
-        stmt = stmt.where(m.api_tokens.c.id > after)
-    stmt = stmt.order_by(m.api_tokens.c.id).limit(query.limit + 1)
     async with store.read() as conn:
-        rows = (await conn.execute(stmt)).all()
-    items = [TokenOut.model_validate(row, from_attributes=True) for row in rows[: query.limit]]
-    more = len(rows) > query.limit
-    return TokenPage(items=items, next_cursor=encode_cursor(items[-1].id) if more else None)
+        items, cursor = await keyset_page(
+            conn,
+            stmt,
+            m.api_tokens.c.id,
+            query,
+            lambda r: TokenOut.model_validate(r, from_attributes=True),
+            lambda t: t.id,
+        )
+    return TokenPage(items=items, next_cursor=cursor)
 
 
 async def revoke(store: Store, principal: Principal, token_id: str) -> None:
