@@ -106,7 +106,8 @@ class ApiService:
             )
             js = self.nc.jetstream()
             await provision(js, only=ALL_BUT_ROUTES)
-            self._timeline = TimelineConsumer(self.store, js)
+            metrics = ApiMetrics()
+            self._timeline = TimelineConsumer(self.store, js, registry=metrics.registry)
             await self._timeline.start()
             await self._machines.start(self.nc, js)
             self.relay = OutboxRelay(self.store, self.nc, js)
@@ -121,6 +122,7 @@ class ApiService:
                 machines=self._machines,
                 bus_connected=lambda: nc.is_connected,
                 clock=self._now,
+                metrics=metrics,
             )
             await self._serve_metrics(ctx.metrics)
             config = uvicorn.Config(

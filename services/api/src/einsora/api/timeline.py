@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -16,7 +17,7 @@ from einsora.api.services.timeline import apply_event
 from einsora.api.store import Store
 from einsora.common.bus import DurableConsumer, names, request_id_of
 from einsora.common.errors import EinsoraError
-from einsora.common.schemas import WorkloadEvent
+from einsora.common.schemas import WorkloadEvent, what_is_wrong
 
 TIMELINE_CONSUMER = "api-timeline"
 
@@ -24,7 +25,9 @@ TIMELINE_CONSUMER = "api-timeline"
 class TimelineConsumer:
     """Consumes `event.workload.*` into the timeline and the workloads' states."""
 
-    def __init__(self, store: Store, js: JetStreamContext) -> None:
+    def __init__(
+        self, store: Store, js: JetStreamContext, registry: CollectorRegistry | None = None
+    ) -> None:
         self._store = store
         self._consumer = DurableConsumer(
             js,
@@ -32,6 +35,7 @@ class TimelineConsumer:
             durable=TIMELINE_CONSUMER,
             filter_subject=names.EVENTS_FILTER,
             handler=self.handle,
+            registry=registry,  # its redeliveries and terminations on the api's /metrics
         )
 
     async def start(self) -> None:
@@ -44,7 +48,9 @@ class TimelineConsumer:
         try:
             event = WorkloadEvent.from_bytes(msg.data)
         except ValidationError as exc:
-            raise EinsoraError(f"not a workload event: {exc}", code="bad_event") from exc
+            raise EinsoraError(
+                f"not a workload event: {what_is_wrong(exc)}", code="bad_event"
+            ) from exc
         try:
             expected = names.event_subject(event.workload_id)
         except ValueError:

@@ -30,7 +30,7 @@ from einsora.common.bus import (
 )
 from einsora.common.catalog import Catalog
 from einsora.common.errors import ConfigError, EinsoraError
-from einsora.common.schemas import WorkloadIntent
+from einsora.common.schemas import WorkloadIntent, what_is_wrong
 from einsora.common.settings import Settings
 from einsora.scheduler.engine import CycleFailed, Engine, Timing
 from einsora.scheduler.projection import Projector
@@ -195,7 +195,7 @@ class SchedulerService:
         try:
             intent = WorkloadIntent.from_bytes(msg.data)
         except ValidationError as exc:
-            raise BadIntent(f"unreadable intent on {msg.subject}: {exc}") from exc
+            raise BadIntent(f"unreadable intent on {msg.subject}: {what_is_wrong(exc)}") from exc
         try:
             expected = names.intent_subject(intent.region, intent.workload_id)
         except ValueError:

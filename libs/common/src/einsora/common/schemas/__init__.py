@@ -1,7 +1,7 @@
 """Versioned pydantic schemas of every message on the bus."""
 
 from einsora.common.schemas.access import AccessRedeemReply, AccessRedeemRequest, Route
-from einsora.common.schemas.base import Message, utcnow
+from einsora.common.schemas.base import Message, utcnow, what_is_wrong
 from einsora.common.schemas.machine import (
     DesiredState,
     DesiredWorkload,
@@ -51,4 +51,5 @@ __all__ = [
     "WorkloadKind",
     "WorkloadState",
     "utcnow",
+    "what_is_wrong",
 ]

@@ -10,7 +10,16 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Self
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+
+def what_is_wrong(exc: ValidationError) -> str:
+    """Which fields of a message are wrong and why, without their values (a message may carry
+    a secret, and this text reaches logs)."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'message'}: {e['msg']}"
+        for e in exc.errors(include_input=False, include_url=False)
+    )
 
 
 def utcnow() -> datetime:
