@@ -32,6 +32,18 @@ class Bus:
     url: str
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _default_data_dir_is_the_sessions(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[None]:
+    """No test writes to the real `~/.local/share/einsora`: a service built without a data dir
+    (and any subprocess a test starts) uses one of the session's own."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("EINSORA_DATA_DIR", str(tmp_path_factory.mktemp("default-data-dir")))
+    yield
+    patch.undo()
+
+
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
     """One real nats-server for the whole test session (do not stop it; see `own_nats_server`)."""
