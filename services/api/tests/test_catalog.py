@@ -34,6 +34,14 @@ def _inventory(machine: str, region: str, cpus: int, gib: int, gpus: list[Gpu]) 
     )
 
 
+def _mac(machine: str, region: str, gib: int) -> Inventory:
+    """A Mac as its agent reports it: the chip, and the chip as one GPU of model Apple Silicon."""
+    chip = Gpu(index=0, uuid=f"apple-{machine}", model="Apple Silicon", memory_mib=gib * 1024)
+    return _inventory(machine, region, 12, gib, [chip]).model_copy(
+        update={"apple_chip": "M3 Pro", "unified_memory_mib": gib * 1024, "arch": "arm64"}
+    )
+
+
 async def _all(api: RunningApi, path: str) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     cursor = None
@@ -119,10 +127,7 @@ async def test_an_apple_class_is_offered_by_a_mac_with_enough_memory(
     api: RunningApi, bus: Bus
 ) -> None:
     kv = bind_bucket(bus.js, names.MACHINES)
-    mac = _inventory("m-mac", "home", 12, 36, []).model_copy(
-        update={"apple_chip": "M3 Pro", "unified_memory_mib": 36 * 1024, "arch": "arm64"}
-    )
-    await kv.put(names.inventory_key("m-mac"), mac.to_bytes())
+    await kv.put(names.inventory_key("m-mac"), _mac("m-mac", "home", 36).to_bytes())
 
     async def offered() -> bool:
         classes = {c["name"]: c for c in await _all(api, "/v1/classes")}
@@ -131,3 +136,18 @@ async def test_an_apple_class_is_offered_by_a_mac_with_enough_memory(
     await eventually(offered)
     classes = {c["name"]: c for c in await _all(api, "/v1/classes")}
     assert classes["apple-silicon-64gb"]["regions"] == []
+
+
+async def test_a_64_gb_mac_offers_every_apple_class_up_to_64_gb(api: RunningApi, bus: Bus) -> None:
+    # The scheduler places the same classes on it (services/scheduler/tests/test_catalog_match.py).
+    kv = bind_bucket(bus.js, names.MACHINES)
+    await kv.put(names.inventory_key("m-mac64"), _mac("m-mac64", "studio", 64).to_bytes())
+
+    async def offered() -> bool:
+        classes = {c["name"]: c for c in await _all(api, "/v1/classes")}
+        return bool(classes["apple-silicon-64gb"]["regions"] == ["studio"])
+
+    await eventually(offered)
+    classes = await _all(api, "/v1/classes")
+    apple = {c["name"] for c in classes if c["accelerator"] == "apple" and c["regions"]}
+    assert apple == {"apple-silicon-16gb", "apple-silicon-32gb", "apple-silicon-64gb"}

@@ -168,7 +168,10 @@ async def test_remove_stops_and_drops_the_workload(
     assert gone.reason == "removed as asked"
     await sim.intent("remove", queued_one)
     await sim.until(lambda: sim.notes(queued_one), what="a note")
-    assert sim.notes(queued_one) == ["nothing to remove: the workload is removed"]
+    assert sim.notes(queued_one) == [
+        "cannot remove a workload that is removed: a removed workload can no longer be changed; "
+        "nothing changed"
+    ]
 
 
 async def test_an_intent_seen_twice_changes_nothing(
@@ -205,10 +208,16 @@ async def test_park_before_placement_and_nonsense_intents_leave_notes(
     await sim.intent("park", workload)
     parked = await sim.wait_state(workload, "parked")
     assert parked.reason == "parked as asked before it was placed; resume it to queue it again"
-    assert sim.notes(workload) == ["nothing to resume: the workload is queued"]
+    assert sim.notes(workload) == [
+        "cannot resume a workload that is queued: a queued workload can only be parked or "
+        "removed; nothing changed"
+    ]
     await sim.intent("park", workload)
     await sim.until(lambda: len(sim.notes(workload)) == 2)
-    assert sim.notes(workload)[1] == "nothing to park: the workload is parked"
+    assert sim.notes(workload)[1] == (
+        "cannot park a workload that is parked: a parked workload can only be resumed or "
+        "removed; nothing changed"
+    )
 
 
 async def test_a_bad_intent_is_refused_and_the_rest_go_on(

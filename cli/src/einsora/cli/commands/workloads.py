@@ -13,18 +13,18 @@ from typing import Any
 from einsora.cli import render
 from einsora.cli.client import ApiClient
 from einsora.cli.export import build_export
+from einsora.common.schemas import WorkloadKind
 
 SETTLED = {"running", "failed", "removed", "parked"}
 POLL_S = 0.5
 
 
 def _launch_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("kind", choices=["notebook", "endpoint", "vm"])
+    parser.add_argument("kind", choices=[k.value for k in WorkloadKind])
     parser.add_argument("--class", dest="class_name", required=True, help="e.g. cpu-1c-2g")
     parser.add_argument("--name")
     parser.add_argument("--region")
     parser.add_argument("--count", type=int)
-    parser.add_argument("--fallback", help="comma-separated substitute classes, in order")
     parser.add_argument("--spec", help="JSON object with the workload's spec")
     parser.add_argument("--wait", action="store_true", help="follow the timeline until running")
 
@@ -34,8 +34,6 @@ def _launch(client: ApiClient, args: argparse.Namespace) -> int:
     for key in ("name", "region", "count"):
         if getattr(args, key) is not None:
             body[key] = getattr(args, key)
-    if args.fallback:
-        body["fallback"] = [c.strip() for c in args.fallback.split(",") if c.strip()]
     if args.spec:
         try:
             body["spec"] = json.loads(args.spec)

@@ -1,8 +1,11 @@
 """The catalog of classes a workload can name: GPU classes and CPU classes.
 
 A GPU class means whole devices of one model and memory; a CPU class means cores and memory.
-The scheduler matches a machine's inventory against these; the api lists them; the agent's `sim`
-driver builds fake GPUs from them. An operator extends the default catalog with a JSON file.
+`Catalog.offered_by` and `Catalog.devices_by_class` are the one match between a machine's
+inventory and the catalog: the api's `/v1/classes` offers what they find and the scheduler
+places on what they find, so a class is never offered where it cannot be placed. The agent's
+`sim` driver builds fake GPUs from the classes. An operator extends the default catalog with a
+JSON file.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from einsora.common.errors import ConfigError
+from einsora.common.schemas.machine import GpuHealth, Inventory
 
 
 class Accelerator(StrEnum):
@@ -45,16 +49,29 @@ class MachineClass(BaseModel):
         return int(self.memory_gib * 1024)
 
     def matches_gpu(self, model: str, memory_mib: int) -> bool:
-        """Whether a device of `model` with `memory_mib` is of this class.
+        """Whether a device of `model` with `memory_mib` can serve a workload of this class.
 
         NVML reports slightly less than the marketed size (an L40S shows 46,068 MiB for
-        48 GB), so memory within 10% below the nominal size still matches.
+        48 GB), so memory within 10% below the nominal size still matches. An NVIDIA class
+        wants that size (a larger card is another class); an Apple Silicon class wants at
+        least that much unified memory, since a workload takes the whole chip whatever its
+        class: a 64 GB Mac serves apple-silicon-16gb, -32gb and -64gb, and a 36 GB one -32gb.
         """
         if self.accelerator is Accelerator.cpu or self.model is None:
             return False
         normalized = model.upper().removeprefix("NVIDIA ").strip()
-        return normalized == self.model.upper() and (
-            0.9 * self.memory_mib <= memory_mib <= 1.1 * self.memory_mib
+        if normalized != self.model.upper():
+            return False
+        if self.accelerator is Accelerator.apple:
+            return memory_mib >= 0.9 * self.memory_mib
+        return 0.9 * self.memory_mib <= memory_mib <= 1.1 * self.memory_mib
+
+    def fits_host(self, inventory: Inventory) -> bool:
+        """Whether a machine has this CPU class's cores and memory in all (CPU classes only)."""
+        return (
+            self.accelerator is Accelerator.cpu
+            and inventory.cpus >= self.cpus
+            and inventory.memory_mib >= self.memory_mib
         )
 
 
@@ -125,11 +142,35 @@ class Catalog:
         return len(self._by_name)
 
     def class_for_gpu(self, model: str, memory_mib: int) -> MachineClass | None:
-        """The GPU class a device belongs to, or None when the catalog has none for it."""
+        """The first GPU class a device can serve, or None when the catalog has none for it."""
         for c in self._by_name.values():
             if c.matches_gpu(model, memory_mib):
                 return c
         return None
+
+    def devices_by_class(self, inventory: Inventory) -> dict[str, list[str]]:
+        """A machine's healthy devices by the GPU classes they serve: uuids, in device order.
+
+        A device may serve several classes (a Mac's chip serves each Apple class up to its
+        memory); the scheduler books it by uuid, so booked for one it is busy for all.
+        Quarantined devices and models the catalog does not know serve none.
+        """
+        healthy = sorted(
+            (g for g in inventory.gpus if g.health is GpuHealth.ok), key=lambda g: g.index
+        )
+        found: dict[str, list[str]] = {}
+        for c in self._by_name.values():
+            uuids = [g.uuid for g in healthy if c.matches_gpu(g.model, g.memory_mib)]
+            if uuids:
+                found[c.name] = uuids
+        return found
+
+    def offered_by(self, inventory: Inventory) -> list[MachineClass]:
+        """The classes a machine offers: a GPU class where one of its devices serves it, a CPU
+        class where it has the cores and memory. `/v1/classes` lists these; the scheduler
+        places on the same devices (`devices_by_class`)."""
+        devices = self.devices_by_class(inventory)
+        return [c for c in self._by_name.values() if c.name in devices or c.fits_host(inventory)]
 
     @classmethod
     def load(cls, extra_file: Path | None = None) -> Catalog:

@@ -12,9 +12,11 @@ number of rows, so each affected machine's desired state is written once per cyc
 from __future__ import annotations
 
 import bisect
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from einsora.common import lifecycle
 from einsora.common.catalog import Catalog
 from einsora.common.schemas import (
     Endpoint,
@@ -30,6 +32,8 @@ from einsora.scheduler import trust
 from einsora.scheduler.capacity import CapacityIndex, Demand, could_ever_fit, gpus_by_class
 from einsora.scheduler.model import Machine, Row, Workload
 from einsora.scheduler.tokens import WorkloadTokens
+
+log = logging.getLogger("einsora.scheduler.book")
 
 
 @dataclass(frozen=True)
@@ -251,6 +255,17 @@ class Book:
         reason: str,
         placement: Placement | None = None,
     ) -> None:
+        if not lifecycle.may_follow(workload.state, state):
+            # A decision went off the lifecycle table (ADR-0010): a bug, recorded rather than
+            # refused, so the timeline still says what the scheduler did.
+            log.error(
+                "a transition the lifecycle table does not allow",
+                extra={
+                    "workload_id": workload.workload_id,
+                    "from": workload.state.value,
+                    "to": state.value,
+                },
+            )
         workload.state = state
         workload.reason = reason
         self._emit(workload, EventKind.transition, reason, placement)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from einsora.common.catalog import Accelerator, Catalog, MachineClass
-from einsora.common.schemas import GpuHealth, Inventory
+from einsora.common.schemas import Inventory
 from einsora.scheduler.model import Machine
 
 CPU_POOL = "cpu"
@@ -63,15 +63,12 @@ class Grant:
 
 
 def gpus_by_class(inventory: Inventory, catalog: Catalog) -> dict[str, list[str]]:
-    """A machine's healthy GPUs by catalog class, in device order; unknown models are skipped."""
-    found: dict[str, list[tuple[int, str]]] = {}
-    for gpu in inventory.gpus:
-        if gpu.health is not GpuHealth.ok:
-            continue
-        machine_class = catalog.class_for_gpu(gpu.model, gpu.memory_mib)
-        if machine_class is not None:
-            found.setdefault(machine_class.name, []).append((gpu.index, gpu.uuid))
-    return {name: [uuid for _, uuid in sorted(devices)] for name, devices in found.items()}
+    """A machine's healthy GPUs by the catalog classes they serve, in device order.
+
+    The catalog's one match (`Catalog.devices_by_class`), the one `/v1/classes` offers by, so
+    the scheduler can place every class the api lists. A device may serve several classes.
+    """
+    return catalog.devices_by_class(inventory)
 
 
 def free_gpus(machine: Machine, class_name: str) -> list[str]:

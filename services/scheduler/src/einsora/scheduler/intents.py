@@ -1,15 +1,17 @@
 """What each intent does: create, park, resume, remove.
 
 Each function is a decision over the book; the engine has already dropped intents it has seen
-(by `intent_id`), so these run once per intent. An intent that makes no sense in the workload's
-state (park a parked workload, resume a running one) changes nothing and leaves a note saying
-so, rather than failing.
+(by `intent_id`), so these run once per intent. Whether an action applies in the workload's
+state is `einsora.common.lifecycle`'s table, the one the api accepted it by; the workload may
+have moved on since (it failed, or a remove came first), and then the intent changes nothing
+and leaves a note saying why, rather than failing.
 """
 
 from __future__ import annotations
 
 import logging
 
+from einsora.common import lifecycle
 from einsora.common.schemas import (
     IntentAction,
     Target,
@@ -49,6 +51,10 @@ def apply_intent(book: Book, intent: WorkloadIntent, request_id: str | None) -> 
         )
         return
     workload.request_id = request_id or workload.request_id
+    why_not = lifecycle.refusal(intent.action, workload.state)
+    if why_not is not None:
+        book.note(workload, reasons.not_applied(why_not))
+        return
     if intent.action is IntentAction.park:
         _park(book, workload)
     elif intent.action is IntentAction.resume:
@@ -97,13 +103,11 @@ def _park(book: Book, workload: Workload) -> None:
         book.drop_route(workload)
         book.transition(workload, WorkloadState.parking, reasons.parking(machine.machine_id))
         return
-    book.note(workload, reasons.nothing_to_do("park", state.value))
+    # Allowed by the table, yet it holds no place on a machine: there is nothing to release.
+    book.note(workload, reasons.nothing_to_park(state.value))
 
 
 def _resume(book: Book, workload: Workload, intent: WorkloadIntent) -> None:
-    if workload.state not in (WorkloadState.parked, WorkloadState.failed):
-        book.note(workload, reasons.nothing_to_do("resume", workload.state.value))
-        return
     demand = book.demand_of(workload)
     if demand is None:
         book.transition(workload, WorkloadState.failed, reasons.unknown_class(workload.class_name))
@@ -114,10 +118,6 @@ def _resume(book: Book, workload: Workload, intent: WorkloadIntent) -> None:
 
 
 def _remove(book: Book, workload: Workload) -> None:
-    state = workload.state
-    if state in (WorkloadState.removing, WorkloadState.removed):
-        book.note(workload, reasons.nothing_to_do("remove", state.value))
-        return
     book.dequeue(workload)
     placed = book.row_of(workload)
     if placed is None:

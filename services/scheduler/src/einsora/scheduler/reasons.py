@@ -111,8 +111,13 @@ def removed_while_lost(machine_id: str) -> str:
     )
 
 
-def nothing_to_do(action: str, state: str) -> str:
-    return f"nothing to {action}: the workload is {state}"
+def not_applied(refusal: str) -> str:
+    """`refusal`: the lifecycle table's sentence, the words the api's 409 would have said."""
+    return f"{refusal}; nothing changed"
+
+
+def nothing_to_park(state: str) -> str:
+    return f"nothing to park: the workload is {state} but holds no place on a machine"
 
 
 def suspect(machine_id: str, silent_s: float, lost_after_s: float) -> str:

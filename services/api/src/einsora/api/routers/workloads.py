@@ -134,7 +134,7 @@ OPERATIONS = [
         "POST",
         "/v1/workloads/{id}/resume",
         resume_workload,
-        "Resume a parked workload",
+        "Resume a parked or failed workload",
         "workloads",
         WorkloadOut,
         status=202,

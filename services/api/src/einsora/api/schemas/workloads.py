@@ -29,7 +29,11 @@ class WorkloadCreate(RequestBody):
     count: int = Field(default=1, ge=1, le=64)
     region: str | None = Field(default=None, pattern=REGION_PATTERN)
     spec: dict[str, Any] = Field(default_factory=dict)
-    fallback: list[ClassName] = Field(default_factory=list, max_length=8)
+    fallback: list[ClassName] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Substitute classes, in order; not supported yet: a non-empty list is a 422",
+    )
 
     @field_validator("spec")
     @classmethod

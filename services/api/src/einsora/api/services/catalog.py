@@ -1,9 +1,8 @@
 """Classes, regions and machines, as offered now.
 
-A class is offered in a region when a machine there could run it: a CPU class where a machine
-has the cores and memory, an NVIDIA class where a healthy GPU of that model and memory is, an
-Apple Silicon class where a Mac has about that much unified memory or more. Lists are small and
-held in memory, so they page over a sorted list by name.
+A class is offered in a region when a machine there offers it, by `Catalog.offered_by`: the match
+the scheduler places by, so what is listed here can be launched. Lists are small and held in
+memory, so they page over a sorted list by name.
 """
 
 from __future__ import annotations
@@ -27,23 +26,10 @@ from einsora.api.schemas.catalog import (
 )
 from einsora.api.schemas.common import PageQuery
 from einsora.api.store import Store
-from einsora.common.catalog import Accelerator, Catalog, MachineClass
-from einsora.common.schemas import GpuHealth, Inventory
+from einsora.common.catalog import Catalog
 from einsora.common.schemas.workload import TERMINAL_STATES
 
 T = TypeVar("T")
-
-
-def offers(cls: MachineClass, inventory: Inventory) -> bool:
-    """Whether a machine with `inventory` can run a workload of class `cls`."""
-    if cls.accelerator is Accelerator.cpu:
-        return inventory.cpus >= cls.cpus and inventory.memory_mib >= cls.memory_mib
-    if cls.accelerator is Accelerator.apple:
-        memory = inventory.unified_memory_mib or 0
-        return inventory.apple_chip is not None and memory >= 0.9 * cls.memory_mib
-    return any(
-        g.health is GpuHealth.ok and cls.matches_gpu(g.model, g.memory_mib) for g in inventory.gpus
-    )
 
 
 def _page(
@@ -57,7 +43,11 @@ def _page(
 
 
 def list_classes(catalog: Catalog, machines: list[MachineRecord], query: PageQuery) -> ClassPage:
-    inventories = [r.inventory for r in machines if r.inventory is not None]
+    offered: dict[str, set[str]] = {}
+    for record in machines:
+        if record.inventory is not None:
+            for c in catalog.offered_by(record.inventory):
+                offered.setdefault(c.name, set()).add(record.inventory.region)
     classes = sorted(catalog, key=lambda c: c.name)
     page, cursor = _page(classes, lambda c: c.name, query)
     items = [
@@ -68,7 +58,7 @@ def list_classes(catalog: Catalog, machines: list[MachineRecord], query: PageQue
             model=c.model,
             memory_gib=c.memory_gib,
             cpus=c.cpus,
-            regions=sorted({i.region for i in inventories if offers(c, i)}),
+            regions=sorted(offered.get(c.name, ())),
         )
         for c in page
     ]

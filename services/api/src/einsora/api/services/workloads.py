@@ -3,9 +3,10 @@
 Each change writes the workload row, a timeline entry and an outbox row in one transaction, so
 the intent is never lost and never published for a change that did not commit. A launch names a
 class of the catalog and a region the api knows (its own, or one a machine reports), and stays
-within its tenant's cap on workloads (`services/limits.py`). The api changes
-a state only as far as the user's action implies (pending, parking, pending again on resume,
-removing); everything after comes from the scheduler's events (`services/timeline.py`).
+within its tenant's cap on workloads (`services/limits.py`). Which action is allowed in which
+state is `einsora.common.lifecycle`'s table; the api records only the state the user's action
+implies (pending, parking, pending again on resume, removing), and everything after comes from
+the scheduler's events (`services/timeline.py`).
 """
 
 from __future__ import annotations
@@ -36,51 +37,29 @@ from einsora.api.schemas.workloads import (
 )
 from einsora.api.services.limits import check_workload_cap, has_own_cap
 from einsora.api.store import Store
+from einsora.common import lifecycle
 from einsora.common.catalog import Catalog
 from einsora.common.ids import is_id, new_id
 from einsora.common.schemas import EventKind, IntentAction, WorkloadIntent, WorkloadState, utcnow
 
-_S = WorkloadState
-ACTIONS: dict[IntentAction, tuple[frozenset[WorkloadState], WorkloadState, str]] = {
-    IntentAction.park: (
-        frozenset({_S.scheduled, _S.starting, _S.running, _S.queued}),
-        _S.parking,
-        "only a queued, scheduled, starting or running workload can be parked",
-    ),
-    IntentAction.resume: (
-        frozenset({_S.parked}),
-        _S.pending,
-        "only a parked workload can be resumed",
-    ),
-    IntentAction.remove: (
-        frozenset(WorkloadState) - {_S.removing, _S.removed},
-        _S.removing,
-        "it is being removed already",
-    ),
-}
-"""For each action: the states it is allowed from, the state it leads to, and why not."""
-
-_VERBS = {IntentAction.park: "park", IntentAction.resume: "resume", IntentAction.remove: "remove"}
-
 
 def next_state(action: IntentAction, current: WorkloadState) -> WorkloadState:
-    """The state `action` leads to from `current`, or Conflict saying why it cannot."""
-    allowed, target, why = ACTIONS[action]
-    if current not in allowed:
-        raise Conflict(
-            f"cannot {_VERBS[action]} a workload that is {current.value}: {why}",
-            code="invalid_state",
-        )
-    return target
+    """The state `action` records from `current` (the lifecycle table), or 409 saying why not."""
+    why = lifecycle.refusal(action, current)
+    if why is not None:
+        raise Conflict(why, code="invalid_state")
+    return lifecycle.ACTIONS[action].requested
 
 
 def check_classes(catalog: Catalog, body: WorkloadCreate) -> None:
-    """422 naming the field when `class` or a fallback names no catalog class."""
+    """422 naming the field when `class` names no catalog class, or a fallback is given."""
     if catalog.get(body.class_name) is None:
         raise field_error("class", f"no class {body.class_name!r} in the catalog (see /v1/classes)")
-    for i, name in enumerate(body.fallback):
-        if catalog.get(name) is None:
-            raise field_error(f"fallback.{i}", f"no class {name!r} in the catalog")
+    if body.fallback:
+        # Nothing reads a fallback yet; accepting one would promise a substitute never tried.
+        raise field_error(
+            "fallback", "fallback classes are not supported yet; launch without `fallback`"
+        )
 
 
 def known_regions(default_region: str, machines: Iterable[MachineRecord]) -> list[str]:
