@@ -8,7 +8,7 @@ that authenticates as the owner.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,7 +25,11 @@ WAIT_S = 60.0
 
 class StartPlane(Protocol):
     async def __call__(
-        self, *, driver: DriverName = "sim", **agent_options: Any
+        self,
+        *,
+        driver: DriverName = "sim",
+        settings: Mapping[str, Any] | None = None,
+        **agent_options: Any,
     ) -> ControlPlane: ...
 
 
@@ -33,18 +37,25 @@ class StartPlane(Protocol):
 async def start_plane(tmp_path: Path) -> AsyncIterator[StartPlane]:
     planes: list[ControlPlane] = []
 
-    async def start(*, driver: DriverName = "sim", **agent_options: Any) -> ControlPlane:
+    async def start(
+        *,
+        driver: DriverName = "sim",
+        settings: Mapping[str, Any] | None = None,
+        **agent_options: Any,
+    ) -> ControlPlane:
+        """`settings` overrides the plane's Settings (e.g. `proxy_domain`)."""
         agent_options.setdefault("heartbeat_s", 1.0)
         agent_options.setdefault("poll_s", 0.2)
         agent_options.setdefault("grace_s", 3.0)
-        settings = Settings(
-            data_dir=tmp_path / f"plane{len(planes)}",
-            api_port=0,
-            proxy_port=0,
-            nats_port=0,
-            log_format="text",
-        )
-        plane = ControlPlane(settings, agent_driver=driver, agent_options=agent_options)
+        fields: dict[str, Any] = {
+            "data_dir": tmp_path / f"plane{len(planes)}",
+            "api_port": 0,
+            "proxy_port": 0,
+            "nats_port": 0,
+            "log_format": "text",
+            **(settings or {}),
+        }
+        plane = ControlPlane(Settings(**fields), agent_driver=driver, agent_options=agent_options)
         planes.append(plane)
         await plane.start()
         return plane

@@ -23,6 +23,7 @@ from einsora.cli.pipes import silence_closed_streams
 from einsora.common import logs, runloop
 from einsora.common.errors import EinsoraError
 from einsora.common.settings import Settings
+from einsora.common.sites import SiteConfig
 
 STOP_WITHIN_S = 8.0
 
@@ -90,10 +91,14 @@ async def _serve(settings: Settings) -> int:
 def _greet(plane: ControlPlane, settings: Settings) -> None:
     url = f"http://127.0.0.1:{plane.api_port}"
     token_file = settings.data_dir / "owner.token"
+    # Named as the api names them in access links and the proxy serves them: one SiteConfig.
+    sites = SiteConfig.from_settings(plane.settings)
     lines = [
         f"Einsora Solo is running: {url}",
         f"  API {url}/v1 (OpenAPI at {url}/openapi.json); the web dashboard is not built yet,",
         "  so use the CLI for now.",
+        f"  Workloads answer at their own sites, {sites.origin_of('w-<id>')}",
+        "  (EINSORA_PROXY_DOMAIN, EINSORA_PROXY_TLS), opened with `einsora open ID`.",
     ]
     cli = _cli_name()
     token = plane.owner_token_created

@@ -25,12 +25,10 @@ from einsora.common.schemas import AccessRedeemReply, AccessRedeemRequest, Workl
 from einsora.proxy.forward import forward_http, forward_websocket
 from einsora.proxy.routes import RouteTable
 from einsora.proxy.sessions import SessionStore
-from einsora.proxy.sites import SiteConfig
+from einsora.proxy.sites import DASHBOARD_COOKIE, ENTER_PATH, SiteConfig
 
 log = logging.getLogger("einsora.proxy")
 
-ENTER_PATH = "/_einsora/enter"
-DASHBOARD_COOKIE = "einsora_session"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _SAFE_NEXT = re.compile(r"^/(?![/\\])[^\s\\]*$")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -48,7 +46,7 @@ class ProxyState:
 
     @property
     def cookie_name(self) -> str:
-        return "__Host-einsora-site" if self.sites.tls else "einsora-site"
+        return self.sites.cookie_name
 
 
 STATE = web.AppKey("state", ProxyState)
@@ -179,7 +177,7 @@ async def _enter(
         path="/",
         httponly=True,
         samesite="Lax",
-        secure=state.sites.tls,
+        secure=state.sites.cookie_secure,
     )
     return response
 

@@ -15,15 +15,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser("proxy", help="run the access proxy alone")
     parser.add_argument("--nats", help="NATS URL (default: $EINSORA_NATS_URL)")
     parser.add_argument("--port", type=int, help="port to serve sites on (default 8081)")
-    parser.add_argument("--domain", default="localhost", help="sites are w-<id>.<domain>")
-    parser.add_argument("--tls", action="store_true", help="sites are served over TLS upstream")
+    parser.add_argument(
+        "--domain", help="sites are w-<id>.<domain> (default: $EINSORA_PROXY_DOMAIN or localhost)"
+    )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        default=None,
+        help="sites are served over TLS upstream (default: $EINSORA_PROXY_TLS)",
+    )
     parser.add_argument("--data-dir", type=Path)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    overrides = {"nats_url": args.nats, "proxy_port": args.port, "data_dir": args.data_dir}
+    # The flags override the same settings the api mints links from, so the two agree.
+    overrides = {
+        "nats_url": args.nats,
+        "proxy_port": args.port,
+        "proxy_domain": args.domain,
+        "proxy_tls": args.tls,
+        "data_dir": args.data_dir,
+    }
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     logs.configure(settings.log_level, settings.log_format)
-    service = ProxyService(settings, domain=args.domain, tls=args.tls)
+    service = ProxyService(settings)
     return runloop.run(serve_until_signalled(service))

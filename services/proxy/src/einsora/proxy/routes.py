@@ -1,71 +1,75 @@
 """The route table: where each running workload answers, from the `routes` bucket.
 
 The scheduler writes a workload's route when it is running and deletes it when it stops. The
-proxy keeps a copy in memory from a watch on the whole bucket; a deleted route ends that site's
-sessions and closes its WebSockets at once.
+proxy keeps a copy in memory through a `KvMirror` of the whole bucket, so the table survives a
+NATS restart (even one that lost its store) and a route that vanished while the proxy was not
+looking still counts as deleted: a deleted route ends that site's sessions and closes its
+WebSockets at once, which is how access is revoked.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
+from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
-from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
-from einsora.common.bus import names
+from einsora.common.bus import KvMirror, names, provision
 from einsora.common.schemas import Route
 
 log = logging.getLogger("einsora.proxy.routes")
 
+AUDIT_S = 30.0
+
 
 class RouteTable:
-    """Routes by workload id, kept current by a KV watch."""
+    """Routes by workload id, kept current by a KV mirror."""
 
-    def __init__(self, on_removed: Callable[[str], object]):
+    def __init__(self, on_removed: Callable[[str], object], *, audit_s: float = AUDIT_S):
         self._routes: dict[str, Route] = {}
         self._on_removed = on_removed
-        self._task: asyncio.Task[None] | None = None
-        self._ready = asyncio.Event()
+        self._audit_s = audit_s
+        self._mirror: KvMirror | None = None
 
     def get(self, workload_id: str) -> Route | None:
         return self._routes.get(workload_id)
 
-    async def start(self, js: JetStreamContext) -> None:
-        kv = await js.key_value(names.ROUTES.name)
-        self._task = asyncio.create_task(self._watch(kv), name="proxy routes watch")
-        await asyncio.wait_for(self._ready.wait(), 10)
+    async def start(self, nc: NATS, js: JetStreamContext) -> None:
+        """Load every route, then follow changes (returns once the routes are loaded)."""
+
+        async def ensure() -> None:
+            # A server restarted without its store has no bucket until someone provisions it.
+            await provision(js, only=(names.ROUTES.stream,))
+
+        self._mirror = KvMirror(
+            nc,
+            js,
+            names.ROUTES,
+            on_put=self._put,
+            on_delete=self._delete,
+            audit_s=self._audit_s,
+            ensure=ensure,
+        )
+        await self._mirror.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        mirror, self._mirror = self._mirror, None
+        if mirror is not None:
+            await mirror.stop()
 
-    async def _watch(self, kv: KeyValue) -> None:
-        watcher = await kv.watchall()
-        try:
-            async for entry in watcher:
-                if entry is None:  # the initial values are all in
-                    self._ready.set()
-                    continue
-                self._apply(entry.key, entry.operation, entry.value)
-        finally:
-            await watcher.stop()  # type: ignore[no-untyped-call]
-
-    def _apply(self, key: str, operation: str | None, value: bytes | None) -> None:
-        if operation in ("DEL", "PURGE") or not value:
-            if self._routes.pop(key, None) is not None:
-                log.info("route removed", extra={"workload": key})
-            self._on_removed(key)
-            return
+    def _put(self, key: str, value: bytes) -> None:
         try:
             route = Route.from_bytes(value)
         except ValidationError:
+            # Treated as gone: serving a workload from a route we cannot read is not safe.
             log.warning("unreadable route ignored", extra={"workload": key})
+            self._delete(key)
             return
         self._routes[key] = route
+
+    def _delete(self, key: str) -> None:
+        if self._routes.pop(key, None) is not None:
+            log.info("route removed", extra={"workload": key})
+        self._on_removed(key)

@@ -31,13 +31,12 @@ class ProxyService:
         self,
         settings: Settings,
         *,
-        domain: str = "localhost",
-        tls: bool = False,
         idle_s: float = 12 * 3600,
         clock: Clock | None = None,
     ) -> None:
         self._settings = settings
-        self.sites = SiteConfig(domain=domain, port=settings.proxy_port, tls=tls)
+        # The same Settings-built names as the api's links (proxy_domain, proxy_tls).
+        self.sites = SiteConfig.from_settings(settings)
         self.sessions = (
             SessionStore(idle_s=idle_s, clock=clock) if clock else SessionStore(idle_s=idle_s)
         )
@@ -57,7 +56,7 @@ class ProxyService:
         js = self._nc.jetstream()
         await provision(js, only=(names.ROUTES.stream,))
         self._routes = RouteTable(on_removed=self.sessions.end_site)
-        await self._routes.start(js)
+        await self._routes.start(self._nc, js)
         self._client = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None, connect=10, sock_read=None),
             cookie_jar=aiohttp.DummyCookieJar(),
@@ -71,7 +70,7 @@ class ProxyService:
         sockets = getattr(site._server, "sockets", None)
         if sockets:  # port 0: learn the chosen one
             self.port = sockets[0].getsockname()[1]
-            self.sites = SiteConfig(self.sites.domain, self.port, self.sites.tls)
+            self.sites = self.sites.on_port(self.port)
             state.sites = self.sites
         self._sweeper = asyncio.create_task(self._sweep(), name="proxy idle sweep")
         log.info("proxy serving", extra={"port": self.port, "domain": self.sites.domain})

@@ -4,11 +4,13 @@ from einsora.common.bus import identities, names
 from einsora.common.bus.connect import connect, connect_as
 from einsora.common.bus.consumer import DurableConsumer
 from einsora.common.bus.kv import bind_bucket, watch_key
+from einsora.common.bus.mirror import KvMirror
 from einsora.common.bus.provision import ProvisionReport, provision, stream_configs
 from einsora.common.bus.publish import message_headers, new_traceparent, publish, request_id_of
 
 __all__ = [
     "DurableConsumer",
+    "KvMirror",
     "ProvisionReport",
     "bind_bucket",
     "connect",

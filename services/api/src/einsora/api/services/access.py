@@ -30,16 +30,15 @@ from einsora.common.schemas import (
     utcnow,
 )
 from einsora.common.settings import Settings
+from einsora.common.sites import SiteConfig
 
 TICKET_TTL = timedelta(seconds=60)
 Clock = Callable[[], datetime]
 
 
 def site_url(settings: Settings, workload_id: str, ticket: str) -> str:
-    scheme = "https" if settings.proxy_tls else "http"
-    default = 443 if settings.proxy_tls else 80
-    port = "" if settings.proxy_port == default else f":{settings.proxy_port}"
-    return f"{scheme}://{workload_id}.{settings.proxy_domain}{port}/_einsora/enter?ticket={ticket}"
+    """The access link, named exactly as the proxy names its sites (one SiteConfig)."""
+    return SiteConfig.from_settings(settings).enter_url(workload_id, ticket)
 
 
 async def _note(
