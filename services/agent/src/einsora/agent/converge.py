@@ -8,14 +8,12 @@ the desired state does not list at all is stopped (its directory kept: only an e
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from einsora.common.bus import names
 from einsora.common.schemas import DesiredState, DesiredWorkload, Target
-
-_WORKLOAD_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
 
 class Goal(StrEnum):
@@ -55,7 +53,7 @@ class Plan:
 
 def valid_workload_id(workload_id: str) -> bool:
     """Whether an id can name a directory and a record file (letters, digits, `-`, `_`)."""
-    return bool(_WORKLOAD_ID_RE.match(workload_id))
+    return names.is_subject_token(workload_id)
 
 
 def plan(desired: DesiredState, known: Iterable[str]) -> Plan:

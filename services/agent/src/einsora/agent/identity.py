@@ -6,17 +6,15 @@ where a person can be told what is wrong, rather than failing later inside a sub
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
+from einsora.common.bus import names
 from einsora.common.errors import ConfigError
 from einsora.common.ids import new_id
 
-_MACHINE_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
-
 
 def check_machine_id(machine_id: str) -> str:
-    if not _MACHINE_ID_RE.match(machine_id):
+    if not names.is_subject_token(machine_id, max_length=100):
         raise ConfigError(
             f"machine id {machine_id!r} is not valid: use 1 to 100 letters, digits, - or _"
         )

@@ -192,6 +192,13 @@ def agent_inbox_prefix(machine_id: str) -> str:
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
+def is_subject_token(value: str, max_length: int = 128) -> bool:
+    """Whether `value` can be one token of a subject (and so a key, a consumer name, a file
+    name): letters, digits, `-` and `_`, 1 to `max_length` of them. The one test of a machine's
+    or a workload's id wherever it names something on the bus or on disk."""
+    return 0 < len(value) <= max_length and bool(_TOKEN_RE.match(value))
+
+
 def _token(value: str) -> str:
     """Refuse anything that would change a subject's shape (dots, wildcards, spaces)."""
     if not _TOKEN_RE.match(value):
