@@ -13,9 +13,15 @@ from typing import Any
 from einsora.cli import render
 from einsora.cli.client import ApiClient
 from einsora.cli.export import build_export
-from einsora.common.schemas import WorkloadKind
+from einsora.common.schemas import WorkloadKind, WorkloadState
 
-SETTLED = {"running", "failed", "removed", "parked"}
+SETTLED = {
+    WorkloadState.running,
+    WorkloadState.failed,
+    WorkloadState.removed,
+    WorkloadState.parked,
+}
+"""States `launch --wait` stops following at: where nothing more happens by itself."""
 POLL_S = 0.5
 
 
@@ -47,10 +53,10 @@ def _launch(client: ApiClient, args: argparse.Namespace) -> int:
     final = _follow_until_settled(client, workload["id"], quiet=args.json)
     if args.json:
         render.as_json(final)
-    elif final["state"] == "running":
+    elif final["state"] == WorkloadState.running:
         shown = render.escape(final["id"])
         print(f"{shown} is running. Open it with: einsora open {shown}")
-    return 0 if final["state"] == "running" else 1
+    return 0 if final["state"] == WorkloadState.running else 1
 
 
 def _follow_until_settled(client: ApiClient, workload_id: str, *, quiet: bool) -> Any:
@@ -76,8 +82,8 @@ def _follow_until_settled(client: ApiClient, workload_id: str, *, quiet: bool) -
 
 
 def _ls_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--state")
-    parser.add_argument("--kind", choices=["notebook", "endpoint", "vm"])
+    parser.add_argument("--state", choices=[s.value for s in WorkloadState])
+    parser.add_argument("--kind", choices=[k.value for k in WorkloadKind])
 
 
 def _ls(client: ApiClient, args: argparse.Namespace) -> int:
