@@ -6,6 +6,9 @@ transaction (`enqueue`), so a committed change always has its intent, and NATS b
 fails the call. The relay publishes unsent rows in id order with `Nats-Msg-Id` = the intent id
 (JetStream drops a republished duplicate), then marks them sent. It wakes on every commit that
 wrote a row, and polls as well, so rows written by another replica or left by an outage go out.
+
+A sent row is kept a day, and for as long as its workload waits on the scheduler (pending,
+parking, removing): anti-entropy republishes it from here if the bus loses it (ADR-0011).
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from einsora.api import models as m
 from einsora.api.store import Store
+from einsora.common import lifecycle
 from einsora.common.bus import message_headers, names
 from einsora.common.errors import BusUnavailable
-from einsora.common.schemas import WorkloadIntent, utcnow
+from einsora.common.schemas import WorkloadIntent, WorkloadState, utcnow
 
 log = logging.getLogger("einsora.api.outbox")
 
@@ -57,6 +61,23 @@ async def enqueue(
     """Add `intent` to the outbox, inside the caller's transaction."""
     row = outbox_row(intent, request_id=request_id, traceparent=traceparent)
     await conn.execute(sa.insert(m.outbox).values(row))
+
+
+AWAITING_INTENT: frozenset[WorkloadState] = frozenset(
+    {WorkloadState.pending, *(rule.requested for rule in lifecycle.ACTIONS.values())}
+)
+"""The states the api records itself, on a launch (pending) or an action (lifecycle's
+`requested`: parking, pending, removing): the workload waits for the scheduler to act on its
+intent, and only the scheduler's events move it on."""
+
+
+def _awaiting_subjects() -> sa.Select[str]:
+    """The intent subjects of the workloads waiting on an intent (`names.intent_subject`,
+    spelled in SQL so prune needs no list of them)."""
+    w = m.workloads.c
+    return sa.select(sa.literal("intent.") + w.region + sa.literal(".workload.") + w.id).where(
+        w.state.in_(sorted(s.value for s in AWAITING_INTENT))
+    )
 
 
 _UNSENT = (
@@ -194,8 +215,12 @@ class OutboxRelay:
             )
 
     async def prune(self) -> None:
-        """Forget rows sent longer ago than `retain`."""
+        """Forget rows sent longer ago than `retain`, but those of workloads still waiting on
+        their intents (anti-entropy may need to publish them again)."""
         async with self._store.write() as conn:
             await conn.execute(
-                sa.delete(m.outbox).where(m.outbox.c.sent_at < utcnow() - self._retain)
+                sa.delete(m.outbox).where(
+                    m.outbox.c.sent_at < utcnow() - self._retain,
+                    m.outbox.c.subject.not_in(_awaiting_subjects()),
+                )
             )

@@ -1,9 +1,10 @@
 """ApiService: the control API as one service, the way Solo and `einsora api` run it.
 
 `start()` applies the migrations, makes the owner on the first start, connects to NATS and
-provisions it, starts the timeline consumer, the machines view and the outbox relay, then
-serves HTTP with uvicorn in this process and returns once it accepts connections. `stop()`
-undoes all of it, in reverse, and may be called twice.
+provisions it, starts the timeline consumer, the machines view, the outbox relay and
+anti-entropy (which provisions again if NATS comes back empty, and republishes lost intents;
+ADR-0011), then serves HTTP with uvicorn in this process and returns once it accepts
+connections. `stop()` undoes all of it, in reverse, and may be called twice.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import uvicorn
 from nats.aio.client import Client as NATS
 
+from einsora.api.anti_entropy import ANTI_ENTROPY_PERIOD_S, AntiEntropy
 from einsora.api.app import create_app
 from einsora.api.bootstrap import OWNER_TOKEN_FILE, ensure_owner
 from einsora.api.context import ApiContext
@@ -61,6 +63,7 @@ class ApiService:
         port: int | None = None,
         host: str | None = None,
         clock: Callable[[], datetime] = utcnow,
+        anti_entropy_period_s: float = ANTI_ENTROPY_PERIOD_S,
     ) -> None:
         self.settings = settings
         self.catalog = catalog or Catalog.load()
@@ -76,6 +79,8 @@ class ApiService:
         self.nc: NATS | None = None
         self.relay: OutboxRelay | None = None
         self._timeline: TimelineConsumer | None = None
+        self._anti_entropy_period_s = anti_entropy_period_s
+        self.anti_entropy: AntiEntropy | None = None
         self._machines = MachinesView()
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
@@ -112,6 +117,14 @@ class ApiService:
             await self._machines.start(self.nc, js)
             self.relay = OutboxRelay(self.store, self.nc, js)
             await self.relay.start()
+            self.anti_entropy = AntiEntropy(
+                self.store,
+                self.nc,
+                js,
+                timeline=self._timeline,
+                period_s=self._anti_entropy_period_s,
+            )
+            await self.anti_entropy.start()
             self._redeemer = TicketRedeemer(self.store, self.nc, clock=self._now)
             await self._redeemer.start()
             nc = self.nc
@@ -189,6 +202,9 @@ class ApiService:
         if self._redeemer is not None:
             await self._redeemer.stop()
             self._redeemer = None
+        if self.anti_entropy is not None:
+            await self.anti_entropy.stop()
+            self.anti_entropy = None
         if self.relay is not None:
             await self.relay.stop()
             self.relay = None

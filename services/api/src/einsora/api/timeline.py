@@ -3,12 +3,15 @@
 A durable pull consumer (`api-timeline`) with explicit acks: an event is acked once it is
 committed; one the store cannot take now is retried with back-off; one that is not a workload
 event, or came on another workload's subject, is refused for good (it can never be handled).
+When NATS comes back without the durable (a wiped server), `restart_if_gone` declares it again
+and the timeline catches up from the start of EVENTS (anti-entropy, ADR-0011).
 """
 
 from __future__ import annotations
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
@@ -29,6 +32,7 @@ class TimelineConsumer:
         self, store: Store, js: JetStreamContext, registry: CollectorRegistry | None = None
     ) -> None:
         self._store = store
+        self._js = js
         self._consumer = DurableConsumer(
             js,
             stream=names.EVENTS.name,
@@ -43,6 +47,18 @@ class TimelineConsumer:
 
     async def stop(self) -> None:
         await self._consumer.stop()
+
+    async def restart_if_gone(self) -> bool:
+        """Declare the durable again and consume from it when the server no longer has it;
+        True when it had to. Raises when NATS cannot be asked."""
+        try:
+            await self._js.consumer_info(names.EVENTS.name, TIMELINE_CONSUMER)
+        except NotFoundError:
+            # The running loop is bound to the consumer that is gone and would fail for ever.
+            await self._consumer.stop()
+            await self._consumer.start()
+            return True
+        return False
 
     async def handle(self, msg: Msg) -> None:
         try:

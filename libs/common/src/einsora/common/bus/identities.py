@@ -121,6 +121,9 @@ def service_permissions(identity: str) -> Permissions:
                 "$JS.API.INFO",
                 *_provisions(*everything_but_routes),
                 "intent.>",
+                # Anti-entropy: the last intent on one workload's subject (ADR-0011); only the
+                # last-by-subject form, only on intent subjects.
+                f"$JS.API.DIRECT.GET.{names.INTENTS.name}.{names.INTENTS.subjects[0]}",
                 *_consumes(names.EVENTS.name),
                 # It watches inventories and observed states for /v1/machines. nats-py's
                 # watch creates consumers through the unfiltered API, so this cannot be

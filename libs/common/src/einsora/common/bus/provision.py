@@ -62,6 +62,9 @@ def stream_configs(replicas: int = 1) -> list[StreamConfig]:
             duplicate_window=300.0,
             num_replicas=replicas,
             discard=DiscardPolicy.OLD,
+            # The api's anti-entropy asks for each waiting workload's last intent by subject
+            # (ADR-0011); a direct get is answered by any replica, without the stream leader.
+            allow_direct=True if s is names.INTENTS else None,
         )
         for s in names.STREAMS
     ]

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from einsora.api import models as m
 from einsora.api.auth import Principal
@@ -65,6 +66,23 @@ async def list_entries(
     if len(rows) > query.limit:
         cursor = encode_cursor([page[-1].at.isoformat(), page[-1].id])
     return TimelinePage(items=items, next_cursor=cursor)
+
+
+async def add_note(
+    conn: AsyncConnection, workload_id: str, state: str, reason: str, *, at: datetime | None = None
+) -> None:
+    """A note the api itself writes into a workload's timeline (a repair it made, say), inside
+    the caller's transaction; it changes neither the state nor the last event applied."""
+    await conn.execute(
+        sa.insert(m.timeline).values(
+            workload_id=workload_id,
+            at=at or utcnow(),
+            kind=EventKind.note.value,
+            state=state,
+            reason=_clean(reason, MAX_REASON),
+            request_id=None,
+        )
+    )
 
 
 def _clean(text: str, limit: int = 64) -> str:
