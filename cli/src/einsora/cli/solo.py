@@ -22,7 +22,7 @@ from einsora.cli.controlplane import ControlPlane, check_ports
 from einsora.cli.pipes import silence_closed_streams
 from einsora.common import logs, runloop
 from einsora.common.errors import EinsoraError
-from einsora.common.settings import Settings
+from einsora.common.settings import Settings, settings_from
 from einsora.common.sites import SiteConfig
 
 STOP_WITHIN_S = 8.0
@@ -46,9 +46,9 @@ def run(args: argparse.Namespace) -> int:
         "gateway_port": args.gateway_port,
         "nats_port": args.nats_port,
     }
-    settings = Settings(**{k: v for k, v in flags.items() if v is not None})
-    logs.configure(settings.log_level, settings.log_format)
     try:
+        settings = settings_from(flags)
+        logs.configure(settings.log_level, settings.log_format)
         check_ports(settings)
     except EinsoraError as exc:
         print(f"einsora solo: {exc.message}", file=sys.stderr)

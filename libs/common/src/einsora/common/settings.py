@@ -15,6 +15,7 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from einsora.common.errors import ConfigError
+from einsora.common.schemas.base import what_is_wrong
 
 
 def default_data_dir() -> Path:
@@ -112,4 +113,7 @@ def settings_from(flags: Mapping[str, Any]) -> Settings:
     try:
         return Settings(**{k: v for k, v in flags.items() if v is not None})
     except ValidationError as exc:
-        raise ConfigError(f"invalid setting: {exc}") from exc
+        raise ConfigError(
+            f"invalid setting: {what_is_wrong(exc)} (a flag, or EINSORA_<NAME> in the "
+            "environment)"
+        ) from exc

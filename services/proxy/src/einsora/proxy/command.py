@@ -7,7 +7,7 @@ from pathlib import Path
 
 from einsora.common import logs, runloop
 from einsora.common.service import serve_until_signalled
-from einsora.common.settings import Settings
+from einsora.common.settings import settings_from
 from einsora.proxy.service import ProxyService
 
 
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         "proxy_tls": args.tls,
         "data_dir": args.data_dir,
     }
-    settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    settings = settings_from(overrides)
     logs.configure(settings.log_level, settings.log_format)
     service = ProxyService(settings)
     return runloop.run(serve_until_signalled(service))
