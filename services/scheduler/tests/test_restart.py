@@ -351,3 +351,69 @@ async def test_a_store_outage_is_ridden_out_without_losing_or_repeating_a_decisi
         assert [e.state.value for e in sim.events[w]].count("scheduled") == 1
     uuids = [u for w in sim.desired["m-1"].workloads for u in w.resources.gpus]  # type: ignore[union-attr]
     assert len(uuids) == len(set(uuids)) == 4
+
+
+@pytest.mark.postgres
+async def test_a_reread_that_fails_is_tried_again(
+    own_nats_server: EmbeddedNats,
+    postgres_url: str,
+    sim_on: NewSim,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """NATS restarts while the store is down: the scheduler's re-read of the machines bucket
+    fails (its snapshot cannot be applied), and once the store is back it reads again and sees
+    the machines that join afterwards (it once went deaf until the next reconnect)."""
+    nc = await connect(own_nats_server.url, name="test")
+    js = nc.jetstream()
+    await provision(js)
+    sim = await sim_on(Bus(nc, js, own_nats_server.url))
+    service = SchedulerService(
+        Settings(nats_url=own_nats_server.url, database_url=postgres_url, region="local"),
+        tick_s=0.1,
+        audit_s=0.3,
+    )
+    await service.start()
+    database = make_url(postgres_url).database
+    admin = await asyncpg.connect(
+        make_url(postgres_url)
+        .set(drivername="postgresql", database="postgres")
+        .render_as_string(hide_password=False)
+    )
+    try:
+        await sim.join("m-1", gpus=1)
+        first = await sim.launch()
+        await sim.wait_state(first, "scheduled")
+
+        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+        await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1",
+            database,
+        )
+        reconnects = service._nc.stats["reconnects"] if service._nc else 0
+        own_nats_server.kill()
+        own_nats_server.start()
+        await _retrying(sim.stop)
+        await _retrying(sim.start)
+
+        async def reconnected() -> bool:
+            return service._nc is not None and service._nc.stats["reconnects"] > reconnects
+
+        await sim.eventually(reconnected, within_s=20, what="the scheduler reconnected")
+
+        async def reread_failed() -> bool:
+            return any("machines bucket audit failed" in r.getMessage() for r in caplog.records)
+
+        # Its re-read fails: the snapshot cannot reach the store (10 tries, 5 s).
+        await sim.eventually(reread_failed, within_s=30, what="the re-read failed")
+        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+
+        await _retrying(lambda: sim.join("m-2", gpus=2))
+        second = await sim.launch(count=2)  # fits only on m-2
+        await sim.wait_state(second, "scheduled", within_s=30)
+        assert [m for m, _ in sim.placed_on(second)] == ["m-2"]
+    finally:
+        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        await admin.close()
+        await service.stop()
+        await sim.stop()
+        await nc.close()

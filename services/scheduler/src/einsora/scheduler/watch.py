@@ -93,10 +93,12 @@ class MachinesWatch:
         await self._unwatch()
 
     async def _watch(self) -> None:
-        self._reconnects = self._nc.stats["reconnects"]
+        # What this read covers is recorded only once it is applied and followed: a read that
+        # fails half-way (JetStream still coming back, a store outage failing the snapshot)
+        # leaves no pump, and the next audit reads again (see `_check`).
+        reconnects = self._nc.stats["reconnects"]
         kv = await self._js.key_value(names.MACHINES.name)
         info = await self._js.stream_info(names.MACHINES.stream)
-        self._created = info.created
         watcher = await kv.watchall()
         snapshot: list[MachineKey] = []
         while True:
@@ -110,6 +112,8 @@ class MachinesWatch:
         log.info("machines bucket snapshot read", extra={"keys": len(snapshot)})
         await self._on_snapshot(snapshot)
         self._pump = asyncio.create_task(self._pump_loop(watcher), name="machines watch")
+        self._reconnects = reconnects
+        self._created = info.created
 
     async def _unwatch(self) -> None:
         pump, self._pump = self._pump, None
@@ -150,6 +154,11 @@ class MachinesWatch:
             log.warning("the machines bucket is gone; recreating it and rewriting desired states")
             await provision(self._js)
             info = await self._js.stream_info(names.MACHINES.stream)
+        if self._pump is None or self._pump.done():
+            log.warning("the machines watch is not running; reading the bucket again")
+            await self._unwatch()
+            await self._watch()
+            return
         if info.created != self._created:
             log.warning("the machines bucket is new; rereading it and rewriting desired states")
             await self._unwatch()
