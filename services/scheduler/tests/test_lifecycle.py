@@ -257,6 +257,11 @@ async def test_a_removal_the_agent_cannot_finish_fails_and_can_be_retried(
     await sim.wait_state(workload, "scheduled")
     await sim.intent("remove", workload)
     await sim.wait_state(workload, "removing")
+    # The agent fails a removal only after it has seen it (its report names that generation).
+    await sim.until(
+        lambda: sim.entry_if("m-1", workload, lambda e: e.target.value == "removed"),
+        what="the removal in the desired state",
+    )
     await sim.report(
         "m-1", {workload: "failed"}, reasons={workload: "its directory could not be deleted"}
     )
