@@ -7,10 +7,13 @@ benchmark can print its figures beside another's (the bus floor, say) without re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import secrets
 import statistics
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -57,3 +60,29 @@ def load(name: str) -> dict[str, Any] | None:
         return None
     loaded: dict[str, Any] = json.loads(path.read_text())
     return loaded
+
+
+DEFAULT_POSTGRES = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
+
+
+@contextlib.asynccontextmanager
+async def fresh_postgres(server_url: str = DEFAULT_POSTGRES) -> AsyncIterator[str]:
+    """A new, empty Postgres database on `server_url`'s server for one run, dropped after."""
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    admin_dsn = make_url(server_url).set(drivername="postgresql").render_as_string(False)
+    name = f"einsora_bench_{secrets.token_hex(4)}"
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    try:
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        admin = await asyncpg.connect(admin_dsn)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()

@@ -11,6 +11,15 @@ floor. With the agent it also measures launch → the agent reporting the worklo
   measure the scheduler alone; the clock then starts at JetStream's ack.
 - `--kv-machines` writes 1,000 inventories into KV instead of running the agent (no heartbeats,
   so the scheduler then runs with long silence limits).
+- `--steady` skips the burst: only the paced phase, at a steady rate on an idle system.
+- `--postgres [URL]` runs the api and the scheduler on one fresh Postgres database (their
+  tables are apart, as in a Lab cell) instead of a SQLite file each.
+
+The same run measures the bus's durable-write ceiling first (pipelined JetStream publishes per
+second to a scratch stream, `sync_interval: always`, as every stream here is) and counts the
+JetStream messages stored per admission during the burst (heartbeats included), so the figure
+can be read against the physical limit: ceiling / writes per admission. The paced phase starts
+only once the burst is digested (no intent, event or outbox row left to process).
 """
 
 from __future__ import annotations
@@ -39,7 +48,9 @@ from _admission_seams import (
     KvSimMachines,
     Launcher,
 )
-from _harness import load, report, summary_ms
+from _harness import DEFAULT_POSTGRES, fresh_postgres, load, report, summary_ms
+from nats.js import JetStreamContext
+from nats.js.api import StreamConfig
 
 from einsora.common.bus import connect, names, provision
 from einsora.common.embedded_nats import EmbeddedNats
@@ -79,8 +90,11 @@ def _free_port() -> int:
         return port
 
 
-async def _api_launcher(tmp: str, url: str, processes: list[subprocess.Popen[bytes]]) -> Launcher:
-    """Start `einsora api` on this bus (its own SQLite store) and launch through it."""
+async def _api_launcher(
+    tmp: str, url: str, processes: list[subprocess.Popen[bytes]], database_url: str | None
+) -> Launcher:
+    """Start `einsora api` on this bus (its own SQLite store, or `database_url`) and launch
+    through it."""
     port = _free_port()
     data = Path(tmp) / "api"
     processes.append(
@@ -93,7 +107,7 @@ async def _api_launcher(tmp: str, url: str, processes: list[subprocess.Popen[byt
             "--data-dir",
             str(data),
             "--database-url",
-            f"sqlite+aiosqlite:///{data}/api.db",
+            database_url or f"sqlite+aiosqlite:///{data}/api.db",
         )
     )
     token_file = data / "owner.token"
@@ -115,6 +129,51 @@ async def _api_launcher(tmp: str, url: str, processes: list[subprocess.Popen[byt
     return ApiLauncher(base, token_file.read_text().strip())
 
 
+CEILING_PUBLISHES = 5000
+
+
+async def _durable_write_ceiling(js: JetStreamContext) -> float:
+    """Pipelined publishes per second that nats-server stores and acks (each one fsynced)."""
+    stream = "BENCH_CEILING"
+    await js.add_stream(StreamConfig(name=stream, subjects=["bench.ceiling"]))
+    try:
+        payload = b"x" * 300  # about an intent's size
+        t0 = time.perf_counter()
+        futures = [
+            await js.publish_async("bench.ceiling", payload) for _ in range(CEILING_PUBLISHES)
+        ]
+        await asyncio.gather(*futures)
+        return CEILING_PUBLISHES / (time.perf_counter() - t0)
+    finally:
+        await js.delete_stream(stream)
+
+
+async def _stored_messages(js: JetStreamContext) -> int:
+    """Messages every stream has stored so far (KV buckets are streams too)."""
+    total = 0
+    for info in await js.streams_info():
+        total += info.state.last_seq
+    return total
+
+
+async def _digested(js: JetStreamContext) -> bool:
+    """True when no durable consumer has anything left to deliver or to be acked."""
+    for info in await js.streams_info():
+        for consumer in await js.consumers_info(info.config.name or ""):
+            if consumer.num_pending or consumer.num_ack_pending:
+                return False
+    return True
+
+
+async def _until_digested(js: JetStreamContext, within_s: float = 120) -> None:
+    deadline = time.monotonic() + within_s
+    while not await _digested(js):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the burst was not digested in time")
+        await asyncio.sleep(0.2)
+    await asyncio.sleep(1.0)  # the outbox relay and the timeline's last commits
+
+
 async def _launch_all(launcher: Launcher, count: int, rate: float | None = None) -> list[str]:
     """Launch `count` workloads (at `rate` per second if given); the ids that were accepted."""
     before = set(launcher.launched)
@@ -130,21 +189,30 @@ async def _launch_all(launcher: Launcher, count: int, rate: float | None = None)
 
 
 async def run(
-    machines: int, burst: int, rate: float, paced: int, agent: bool, direct: bool
+    machines: int,
+    burst: int,
+    rate: float,
+    paced: int,
+    agent: bool,
+    direct: bool,
+    database_url: str | None = None,
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats", port=0) as server:
         nc = await connect(server.url, name="bench-admission")
         js = nc.jetstream()
+        ceiling = await _durable_write_ceiling(js)
         await provision(js)
         kv = await js.key_value(names.MACHINES.name)
         observer: DesiredObserver = KvObserver(kv, "desired")
         reported = KvObserver(kv, "observed")
         processes: list[subprocess.Popen[bytes]] = []
         launcher: Launcher = (
-            IntentLauncher(js) if direct else await _api_launcher(tmp, server.url, processes)
+            IntentLauncher(js)
+            if direct
+            else await _api_launcher(tmp, server.url, processes, database_url)
         )
         silence = [] if agent else ["--suspect-after", "3600", "--lost-after", "7200"]
-        database = f"sqlite+aiosqlite:///{tmp}/scheduler.db"
+        database = database_url or f"sqlite+aiosqlite:///{tmp}/scheduler.db"
         if agent:
             processes.append(
                 _spawn(
@@ -171,13 +239,20 @@ async def run(
             await observer.start()
             await _until(lambda: len(observer.machines) >= machines, 120, "machines known")
 
-            cpu0 = _cpu_seconds(scheduler.pid)
-            start = time.perf_counter()
-            ids = await _launch_all(launcher, burst)
-            await _until(lambda: all(w in observer.seen for w in ids), 300, "the burst placed")
-            burst_s = max(observer.seen[w] for w in ids) - start
-            burst_cpu = _cpu_seconds(scheduler.pid) - cpu0
-            burst_lat = summary_ms([observer.seen[w] - launcher.launched[w] for w in ids])
+            burst_s = burst_cpu = 0.0
+            burst_lat: dict[str, float | None] = {"p50": None, "p99": None}
+            writes = 0
+            if burst:
+                stored0 = await _stored_messages(js)
+                cpu0 = _cpu_seconds(scheduler.pid)
+                start = time.perf_counter()
+                ids = await _launch_all(launcher, burst)
+                await _until(lambda: all(w in observer.seen for w in ids), 300, "burst placed")
+                burst_s = max(observer.seen[w] for w in ids) - start
+                burst_cpu = _cpu_seconds(scheduler.pid) - cpu0
+                burst_lat = {**summary_ms([observer.seen[w] - launcher.launched[w] for w in ids])}
+                await _until_digested(js)
+                writes = await _stored_messages(js) - stored0
             if agent:
                 # Watching every observed key parses each agent's complete state: on 2 cores
                 # that would take CPU from the system measured, so only the paced phase does.
@@ -201,20 +276,28 @@ async def run(
                 process.wait(30)
             await nc.close()
 
-    throughput = burst / burst_s
+    throughput = burst / burst_s if burst else 0.0
+    per_admission = writes / burst if burst else None
+    bound = ceiling / per_admission if per_admission else None
+    fraction = throughput / bound if bound else None
     bus = load("bus")
     figures = {
         "machines": machines,
         "burst": burst,
         "admissions_per_s": round(throughput),
+        "durable_write_ceiling_per_s": round(ceiling),
+        "durable_writes_per_admission": round(per_admission, 2) if per_admission else None,
+        "admission_bound_per_s": round(bound) if bound else None,
+        "fraction_of_bound": round(fraction, 3) if fraction else None,
         "burst_latency_p50_ms": burst_lat["p50"],
         "burst_latency_p99_ms": burst_lat["p99"],
-        "scheduler_cpu_ms_per_admission": round(burst_cpu / burst * 1000, 3),
+        "scheduler_cpu_ms_per_admission": round(burst_cpu / burst * 1000, 3) if burst else None,
         "paced_rate_per_s": rate,
         "paced_latency_p50_ms": paced_lat["p50"],
         "paced_latency_p99_ms": paced_lat["p99"],
         "machines_from": "sim agent" if agent else "inventories in KV",
         "launches_via": "intents" if direct else "api",
+        "store": "postgres" if database_url else "sqlite",
         "api_clients": None if direct else API_CLIENTS,
         "bus_kv_watch_p50_ms": bus["kv_watch_p50_ms"] if bus else None,
         "bus_kv_watch_p99_ms": bus["kv_watch_p99_ms"] if bus else None,
@@ -239,7 +322,7 @@ async def run(
         else "not measured on this checkout (run bench/bus.py first)"
     )
     report(
-        "admission",
+        "admission" if database_url is None else "admission-postgres",
         [
             ("sim machines (4x l40s-48gb, 64 cpu each)", f"{machines:,}"),
             (
@@ -250,7 +333,19 @@ async def run(
                 "  launch → in desired state",
                 f"p50 {burst_lat['p50']} ms, p99 {burst_lat['p99']} ms",
             ),
-            ("  scheduler CPU per admission", f"{burst_cpu / burst * 1000:.3f} ms"),
+            ("  scheduler CPU per admission", f"{burst_cpu / max(burst, 1) * 1000:.3f} ms"),
+            (
+                "durable-write ceiling (pipelined JetStream publishes, fsync each)",
+                f"{ceiling:,.0f}/s",
+            ),
+            (
+                "  JetStream messages stored per admission (heartbeats included)",
+                f"{per_admission:.2f}" if per_admission else "-",
+            ),
+            (
+                "  admissions the bus allows (ceiling / writes per admission)",
+                f"{bound:,.0f}/s; this run reached {fraction:.0%}" if bound and fraction else "-",
+            ),
             (
                 f"paced at {rate:g}/s ({paced:,} launches)",
                 f"p50 {paced_lat['p50']} ms, p99 {paced_lat['p99']} ms",
@@ -266,6 +361,7 @@ async def run(
             ),
             ("seen via", "a watch on the machines' desired keys, as each agent watches its own"),
             ("machines from", "a sim agent process" if agent else "inventories written to KV"),
+            ("stores", "one Postgres database" if database_url else "a SQLite file each"),
         ],
         figures,
     )
@@ -283,14 +379,34 @@ def main() -> None:
         help="write machines' inventories to KV instead of running a sim agent process",
     )
     parser.add_argument(
+        "--postgres",
+        nargs="?",
+        const=DEFAULT_POSTGRES,
+        metavar="URL",
+        help=f"a Postgres server to make a fresh database on (default {DEFAULT_POSTGRES})",
+    )
+    parser.add_argument(
+        "--steady",
+        action="store_true",
+        help="no burst: only the paced phase, on an idle system",
+    )
+    parser.add_argument(
         "--direct",
         action="store_true",
         help="publish intents onto INTENTS instead of POSTing to the api",
     )
     args = parser.parse_args()
-    asyncio.run(
-        run(args.machines, args.burst, args.rate, args.paced, not args.kv_machines, args.direct)
-    )
+    burst = 0 if args.steady else args.burst
+    options = (args.machines, burst, args.rate, args.paced, not args.kv_machines, args.direct)
+
+    async def main_async() -> None:
+        if args.postgres is None:
+            await run(*options)
+            return
+        async with fresh_postgres(args.postgres) as database_url:
+            await run(*options, database_url=database_url)
+
+    asyncio.run(main_async())
 
 
 if __name__ == "__main__":

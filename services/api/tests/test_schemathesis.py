@@ -26,8 +26,7 @@ from schemathesis.specs.openapi.checks import (
     positive_data_acceptance,
 )
 
-from einsora.api.openapi import openapi_document
-from einsora.api.routers import all_operations
+from einsora.api.app import openapi_document
 from einsora.common.embedded_nats import EmbeddedNats
 
 _LISTENING = re.compile(r"listening on (http://\S+)")
@@ -99,7 +98,7 @@ def api_process(
 
 
 # The served document is this same generated one (checked in test_http.py).
-schema = schemathesis.openapi.from_dict(openapi_document(all_operations()))
+schema = schemathesis.openapi.from_dict(openapi_document())
 
 
 @schema.parametrize()

@@ -65,17 +65,16 @@ async def test_insert_ignore_keeps_the_first_row_without_aborting(store_url: str
     now = datetime.now(UTC)
     try:
         await store.migrate()
-        async with store.write() as conn:
-            row = {"id": "t-1", "name": "one", "created_at": now}
-            assert await insert_ignore(conn, models.tenants, row, keys=["id"]) is True
-            assert (
-                await insert_ignore(conn, models.tenants, {**row, "name": "two"}, keys=["id"])
-                is False
-            )
+        row = {"id": "t-1", "name": "one", "created_at": now}
+
+        def unit(conn: sa.Connection) -> tuple[bool, bool]:
+            first = insert_ignore(conn, models.tenants, row, keys=["id"])
+            second = insert_ignore(conn, models.tenants, {**row, "name": "two"}, keys=["id"])
             # The transaction is still usable after the conflict (Postgres would abort it).
-            await conn.execute(
-                sa.insert(models.tenants).values(id="t-2", name="two", created_at=now)
-            )
+            conn.execute(sa.insert(models.tenants).values(id="t-2", name="two", created_at=now))
+            return first, second
+
+        assert await store.run(unit) == (True, False)
         async with store.read() as conn:
             names = (
                 (await conn.execute(sa.select(models.tenants.c.name).order_by("id")))

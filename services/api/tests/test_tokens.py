@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import stat
+import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import sqlalchemy as sa
 
-from einsora.api.testing import RunningApi
+from einsora.api.testing import RunningApi, eventually, running_api
+from einsora.common.settings import Settings
+from einsora.common.testing import Bus
 
 
 async def _table(api: RunningApi) -> list[dict[str, object]]:
@@ -86,15 +91,8 @@ async def test_an_expired_token_is_refused_at_once(api_on_store: RunningApi) -> 
     created = await api.owner.post("/v1/tokens", {"name": "short", "expires_in_days": 1})
     short = api.client(created.body["token"])
     assert (await short.get("/v1/me")).status == 200
-    assert api.service.store is not None
-    async with api.service.store.write() as conn:  # a day passes
-        await conn.execute(
-            sa.text("UPDATE api_tokens SET expires_at = :at WHERE id = :id"),
-            {
-                "at": datetime.now(UTC).replace(tzinfo=None) - timedelta(seconds=1),
-                "id": created.body["id"],
-            },
-        )
+    assert (await short.get("/v1/me")).status == 200  # verified once, now from the cache
+    api.service.clock = lambda: datetime.now(UTC) + timedelta(days=1, seconds=1)  # a day passes
     refused = await short.get("/v1/me")
     assert refused.status == 401
     assert "expired" in refused.body["message"]
@@ -111,3 +109,67 @@ async def test_missing_unknown_and_malformed_tokens_are_401(api: RunningApi) -> 
         assert words in answer.body["message"]
     raw = await api.owner.call("GET", "/v1/me", headers={"Authorization": "Basic Zm9vOmJhcg=="})
     assert raw.status == 401
+
+
+async def test_a_revoked_token_is_refused_from_the_next_request_during_a_burst(
+    api: RunningApi,
+) -> None:
+    """Verified tokens are cached, yet a revocation holds at once: while a burst of requests
+    with the token is in flight, every request sent after the DELETE answered is refused."""
+    created = await api.owner.post("/v1/tokens", {"name": "burst"})
+    laptop = api.client(created.body["token"])
+    assert (await laptop.get("/v1/me")).status == 200
+    revoked_at: list[float] = []
+    outcomes: list[tuple[float, int]] = []
+    under_way = asyncio.Event()
+
+    async def caller() -> None:
+        while len(outcomes) < 600:
+            sent = time.monotonic()
+            reply = await laptop.get("/v1/workloads?limit=1")
+            outcomes.append((sent, reply.status))
+            if len(outcomes) >= 100:
+                under_way.set()
+            if revoked_at and sent > revoked_at[0] + 0.5:
+                return
+
+    async def revoker() -> None:
+        await under_way.wait()
+        reply = await api.owner.delete(f"/v1/tokens/{created.body['id']}")
+        assert reply.status == 204
+        revoked_at.append(time.monotonic())
+
+    await asyncio.gather(*(caller() for _ in range(16)), revoker())
+    [cut] = revoked_at
+    before = [status for sent, status in outcomes if sent < cut]
+    after = [status for sent, status in outcomes if sent > cut]
+    assert 200 in before  # the token worked, from the cache, until then
+    assert after, "no request was sent after the revocation"
+    assert set(after) == {401}, f"{after.count(200)} requests sent after it were served"
+    assert api.service.tokens is not None
+    assert api.service.tokens.hits > 0  # the burst was served from the cache
+
+
+async def test_a_revocation_on_one_replica_reaches_another_over_the_bus(
+    bus: Bus, sqlite_url: str, data_dir: Path
+) -> None:
+    """Two api replicas on one store: a token verified (and cached) by both is revoked on one;
+    the other refuses it within a moment (the bus), not after the cache's TTL."""
+    settings = Settings(nats_url=bus.url, database_url=sqlite_url, data_dir=data_dir)
+    async with running_api(settings) as first, running_api(settings) as second:
+        assert second.service.tokens is not None
+        assert second.service.tokens.ttl_s >= 30
+        created = await first.owner.post("/v1/tokens", {"name": "both"})
+        on_first = first.client(created.body["token"])
+        on_second = second.client(created.body["token"])
+        assert (await on_first.get("/v1/me")).status == 200
+        assert (await on_second.get("/v1/me")).status == 200
+        assert (await on_second.get("/v1/me")).status == 200  # cached there now
+
+        assert (await first.owner.delete(f"/v1/tokens/{created.body['id']}")).status == 204
+        assert (await on_first.get("/v1/me")).status == 401
+
+        async def refused_on_second() -> bool:
+            return (await on_second.get("/v1/me")).status == 401
+
+        await eventually(refused_on_second, within_s=2.0)

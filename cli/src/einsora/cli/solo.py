@@ -68,6 +68,7 @@ async def _serve(settings: Settings) -> int:
         print(f"einsora solo: {exc.message}", file=sys.stderr)
         await plane.stop()
         return 1
+    runloop.settle()
     _greet(plane, settings)
     await stop.wait()
     print("Stopping Einsora Solo...", file=sys.stderr, flush=True)

@@ -12,6 +12,8 @@ import signal
 from collections.abc import Callable
 from typing import Protocol
 
+from einsora.common import runloop
+
 
 class Service(Protocol):
     """A part of Einsora that Solo or its own command can run."""
@@ -33,6 +35,7 @@ async def serve_until_signalled(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await service.start()
+    runloop.settle()
     try:
         if on_started is not None:
             on_started()

@@ -114,6 +114,5 @@ def settings_from(flags: Mapping[str, Any]) -> Settings:
         return Settings(**{k: v for k, v in flags.items() if v is not None})
     except ValidationError as exc:
         raise ConfigError(
-            f"invalid setting: {what_is_wrong(exc)} (a flag, or EINSORA_<NAME> in the "
-            "environment)"
+            f"invalid setting: {what_is_wrong(exc)} (a flag, or EINSORA_<NAME> in the environment)"
         ) from exc

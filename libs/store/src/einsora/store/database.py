@@ -5,6 +5,10 @@ On SQLite (Solo, where the api and the scheduler share one file), write transact
 transaction that reads and then writes fails at once (SQLITE_BUSY_SNAPSHOT, which no busy
 timeout retries) when another writer committed in between. Reads run without a transaction, one
 consistent statement each. On Postgres, a write is an ordinary transaction.
+
+`run()` and `query()` take a whole unit of work (a function of a synchronous connection) and
+run it in one call (`units.py`): the hot paths use them; `write()` and `read()` remain for the
+rest, under the same lock.
 """
 
 from __future__ import annotations
@@ -14,15 +18,26 @@ import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from einsora.store.engine import create_engine, is_sqlite
+from einsora.store.engine import create_engine, is_sqlite, on_sqlite_connect
 from einsora.store.migrations import upgrade
+from einsora.store.units import (
+    Outcome,
+    SqliteReaders,
+    SqliteWriterThread,
+    Unit,
+    UnitWriter,
+    run_units,
+    sync_sqlite_engine,
+)
+
+T = TypeVar("T")
 
 _WRITE = "einsora_write"
 _READ = "einsora_read"
@@ -44,7 +59,7 @@ def _file_lock(url: str) -> asyncio.Lock:
 class Database:
     """A service's database: `write()` is a transaction, `read()` a plain connection."""
 
-    def __init__(self, url: str, **engine_options: Any) -> None:
+    def __init__(self, url: str, *, reader_threads: int = 4, **engine_options: Any) -> None:
         self.url = url
         self.sqlite = is_sqlite(url)
         if self.sqlite:
@@ -53,8 +68,13 @@ class Database:
             engine_options.setdefault("pool_reset_on_return", None)
         self.engine = create_engine(url, **engine_options)
         self._reader = self.engine.execution_options(**{_READ: True})
+        self._thread: SqliteWriterThread | None = None
+        self._readers: SqliteReaders | None = None
+        self._writer = UnitWriter(self._commit_units)
         if self.sqlite:
             _explicit_sqlite_transactions(self.engine.sync_engine)
+            if (make_url(url).database or ":memory:") != ":memory:":
+                self._thread, self._readers = _sqlite_units(url, reader_threads)
 
     async def migrate(self, migrations: Path, *, version_table: str) -> None:
         """Bring the tables to the latest migration (a second run changes nothing)."""
@@ -77,12 +97,58 @@ class Database:
             async with conn.begin():
                 yield conn
 
+    async def run(self, unit: Unit[T]) -> T:
+        """Run `unit` as one write transaction, in one call; what it returns, or what it raised
+        (then nothing it did is kept). It may share a commit with concurrent units, each in a
+        savepoint of its own."""
+        return await self._writer.run(unit)
+
+    async def _commit_units(self, units: list[Unit[Any]]) -> list[Outcome]:
+        if self._thread is not None:
+            return await self._thread.commit(units)
+        async with self.write() as conn:
+            return await conn.run_sync(run_units, units)
+
+    async def query(self, unit: Unit[T]) -> T:
+        """Run `unit`'s reads in one call, without a transaction on SQLite (each statement its
+        own snapshot, as `read()`)."""
+        if self._readers is not None:
+            return await self._readers.run(unit)
+        async with self.read() as conn:
+            return await conn.run_sync(unit)
+
+    @property
+    def commits(self) -> int:
+        """Transactions `run()` committed (concurrent units share them, so often fewer)."""
+        return self._writer.commits
+
     async def ping(self) -> None:
         async with self.read() as conn:
             await conn.execute(sa.text("SELECT 1"))
 
     async def close(self) -> None:
+        await self._writer.close()
+        if self._thread is not None:
+            await self._thread.close()
+        if self._readers is not None:
+            await self._readers.close()
         await self.engine.dispose()
+
+
+def _sqlite_units(url: str, reader_threads: int) -> tuple[SqliteWriterThread, SqliteReaders]:
+    """The unit writer and readers of a SQLite file: synchronous connections on threads of
+    their own, with the same PRAGMAs and transaction policy as the async engine's."""
+
+    def lock() -> asyncio.Lock:
+        return _file_lock(url)
+
+    writes = sync_sqlite_engine(url, pool_size=1, on_connect=on_sqlite_connect)
+    _explicit_sqlite_transactions(writes)
+    reads = sync_sqlite_engine(url, pool_size=reader_threads, on_connect=on_sqlite_connect)
+    _explicit_sqlite_transactions(reads)
+    writer = SqliteWriterThread(writes, lock, options={_WRITE: True})
+    readers = SqliteReaders(reads, threads=reader_threads, read_options={_READ: True})
+    return writer, readers
 
 
 def _explicit_sqlite_transactions(engine: sa.Engine) -> None:

@@ -25,7 +25,7 @@ def is_postgres(url: str | URL) -> bool:
     return make_url(url).get_backend_name() == "postgresql"
 
 
-def _on_sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
+def on_sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
     cursor = dbapi_conn.cursor()
     # WAL lets readers proceed while one writer commits; NORMAL is durable in WAL mode up to
     # the last checkpointed transaction and much faster than FULL.
@@ -67,7 +67,7 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
         if parsed.database and parsed.database != ":memory:":
             _private_sqlite_file(Path(parsed.database))
         engine = create_async_engine(parsed, **kwargs)
-        event.listen(engine.sync_engine, "connect", _on_sqlite_connect)
+        event.listen(engine.sync_engine, "connect", on_sqlite_connect)
         return engine
     kwargs.setdefault("pool_pre_ping", True)
     return create_async_engine(parsed, **kwargs)

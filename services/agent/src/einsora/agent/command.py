@@ -7,12 +7,11 @@ adopts them.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from pathlib import Path
 
 from einsora.agent.service import AgentService, DriverName
-from einsora.common import logs
+from einsora.common import logs, runloop
 from einsora.common.service import serve_until_signalled
 from einsora.common.settings import settings_from
 
@@ -106,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         sim_fail_rate=args.sim_fail_rate,
         provision_bus=args.provision,
     )
-    return asyncio.run(serve_until_signalled(service, lambda: _announce(service)))
+    return runloop.run(serve_until_signalled(service, lambda: _announce(service)))
 
 
 def _announce(service: AgentService) -> None:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from pathlib import Path
 
-from einsora.common import logs
+from einsora.common import logs, runloop
 from einsora.common.catalog import Catalog
 from einsora.common.cli import main_of
 from einsora.common.service import serve_until_signalled
@@ -45,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     )
     logs.configure(settings.log_level, settings.log_format)
     catalog = Catalog.load(args.catalog)
-    return asyncio.run(_serve(settings, catalog))
+    return runloop.run(_serve(settings, catalog))
 
 
 async def _serve(settings: Settings, catalog: Catalog) -> int:

@@ -6,8 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from einsora.api.auth import VerifiedTokens
 from einsora.api.machines import MachinesView
 from einsora.api.metrics import ApiMetrics
+from einsora.api.revocations import Revocations
 from einsora.api.store import Store
 from einsora.common.catalog import Catalog
 from einsora.common.schemas import utcnow
@@ -30,3 +32,14 @@ class ApiContext:
     bus_connected: Callable[[], bool] = _never
     clock: Callable[[], datetime] = utcnow
     """Now, for access tickets' expiry (injectable so tests can move time)."""
+    tokens: VerifiedTokens = field(default_factory=VerifiedTokens)
+    """API tokens verified lately (authentication without a query per request)."""
+    revocations: Revocations | None = None
+    """Tells the other replicas about a revoked token (None: no bus, this replica only)."""
+
+    async def revoked(self, token_ids: list[str]) -> None:
+        """These tokens were revoked: refused from the next request on, here and elsewhere."""
+        if self.revocations is None:
+            self.tokens.forget(token_ids)
+        else:
+            await self.revocations.revoked(token_ids)

@@ -1,18 +1,24 @@
 """The api's errors: each carries a code, a message a person can act on, and its HTTP status.
 
-Routes and domain functions raise these; one handler (`http.error_response`) turns any of them
-into `{"error", "message", "request_id", "details"}` with the status. Nothing a client sends
-may end as a 500: input is refused with one of these instead.
+Routes and domain functions raise these; `api_error_of` decides what any failure answers (the
+store's errors included) and `error_response` turns it into
+`{"error", "message", "request_id", "details"}` with the status; the app's one exception handler
+uses both (`app.py`). Nothing a client sends may end as a 500: input is refused with one of
+these instead.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
+from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 from starlette.responses import Response
 
 from einsora.common.errors import EinsoraError
+
+log = logging.getLogger("einsora.api.http")
 
 
 class ApiError(EinsoraError):
@@ -111,6 +117,17 @@ class Unavailable(ApiError):
     retryable = True
 
 
+MAX_DETAILS_IN_MESSAGE = 3
+
+
+def unprocessable(details: list[dict[str, Any]]) -> Unprocessable:
+    """A 422 whose message names the first few fields of `details`."""
+    summary = "; ".join(f"{d['field']}: {d['message']}" for d in details[:MAX_DETAILS_IN_MESSAGE])
+    if len(details) > MAX_DETAILS_IN_MESSAGE:
+        summary += f"; and {len(details) - MAX_DETAILS_IN_MESSAGE} more"
+    return Unprocessable(summary, details=details)
+
+
 def field_error(field: str, message: str, kind: str = "value_error") -> Unprocessable:
     """A 422 about one field, named in the message and in `details`."""
     return Unprocessable(
@@ -129,6 +146,27 @@ def error_body(error: ApiError, request_id: str) -> bytes:
         },
         default=str,
     ).encode()
+
+
+def api_error_of(exc: Exception) -> ApiError:
+    """What a request that raised `exc` answers: an ApiError as it is, a store error as a
+    conflict (409), a refused value (422) or unavailable (503), a retryable EinsoraError as
+    unavailable; anything else is logged and answered as an internal error (500)."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, IntegrityError):
+        log.info("conflicting write refused", extra={"error": str(exc.orig)})
+        return Conflict("this conflicts with an existing object")
+    if isinstance(exc, DataError):
+        log.warning("value refused by the store", extra={"error": str(exc.orig)})
+        return Unprocessable("a value could not be stored")
+    if isinstance(exc, SQLAlchemyError):  # DBAPIError and the pool's own errors
+        log.warning("store unavailable", extra={"error": repr(exc)})
+        return Unavailable("the store did not answer; retry shortly")
+    if isinstance(exc, EinsoraError) and exc.retryable:
+        return Unavailable(exc.message)
+    log.error("request failed", exc_info=exc)
+    return ApiError("internal error; quote the request ID")
 
 
 def error_response(error: ApiError, request_id: str) -> Response:

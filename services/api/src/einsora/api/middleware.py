@@ -3,8 +3,10 @@ metrics, its access log; and the JSON answer to bytes that are not HTTP at all.
 
 An incoming `X-Request-ID` is kept only if it is short and safe (it ends up in logs and message
 headers); otherwise a new one is made. Every response carries it, and every log line written
-while handling the request has it (with the tenant and subject once authenticated). Pure ASGI,
-so it adds no task or buffering per request.
+while handling the request has it (with the tenant and subject once authenticated, which the
+principal's dependency binds with `bind_log_context`). Pure ASGI, so it adds no task or
+buffering per request. A failure the app's exception handlers did not answer is answered here,
+as a 500 with the error body and the request ID (`errors.api_error_of`).
 
 A body is limited while it is read, before anything parses it: a declared `Content-Length` over
 `MAX_BODY_BYTES` is refused at once, and a streamed body as soon as its bytes pass the limit, so
@@ -17,13 +19,27 @@ from __future__ import annotations
 import logging
 import re
 import time
+from contextlib import ExitStack
 
 import h11
+
+try:
+    import httptools
+except ImportError:  # the api's dependency, but uvicorn runs without it too
+    httptools = None  # type: ignore[assignment]
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from einsora.api.errors import ApiError, BadRequest, PayloadTooLarge, error_body, error_response
+from einsora.api.errors import (
+    ApiError,
+    BadRequest,
+    PayloadTooLarge,
+    api_error_of,
+    error_body,
+    error_response,
+)
 from einsora.api.metrics import UNMATCHED, ApiMetrics
 from einsora.common import logs
 from einsora.common.ids import new_id
@@ -34,7 +50,20 @@ REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 MAX_BODY_BYTES = 128 * 1024
 """The largest request body read: twice a spec's limit (64 KiB), room for a launch's other
-fields and a client's indentation. No operation takes more."""
+fields and a client's indentation. No route takes more."""
+
+
+_BOUND = "einsora.log_context"
+"""The scope key of the request's ExitStack of log bindings (`bind_log_context`)."""
+
+
+def bind_log_context(scope: Scope, **fields: str) -> None:
+    """Add `fields` to every later log line of this request, until it ends: what is known only
+    inside it (the tenant and subject, once authenticated). Call it from the request's own task,
+    as async dependencies and routes are: the edge unbinds them in that task's context."""
+    bound: ExitStack | None = scope.get(_BOUND)
+    if bound is not None:
+        bound.enter_context(logs.bind(**fields))
 
 
 def request_id_from(value: str | None) -> str:
@@ -55,10 +84,7 @@ def _refusal(headers: list[tuple[bytes, bytes]]) -> ApiError | None:
             chunked = True
     error: ApiError | None = None
     if length is not None and chunked:
-        error = BadRequest(
-            "the body is framed twice (Content-Length and Transfer-Encoding); send one",
-            code="ambiguous_framing",
-        )
+        error = BadRequest(_FRAMED_TWICE, code="ambiguous_framing")
     elif length is not None and not length.isdigit():  # h11 lets none through; others may
         error = BadRequest("Content-Length must be a number of bytes", code="malformed_request")
     if error is not None:
@@ -108,11 +134,12 @@ class EdgeMiddleware:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > MAX_BODY_BYTES:
-                    # An ApiError, so the operation reading the body answers it as any other.
+                    # An ApiError, so the route reading the body answers it as any other.
                     raise PayloadTooLarge(f"the body is over the limit of {MAX_BODY_BYTES} bytes")
             return message
 
-        with logs.bind(request_id=request_id):
+        with logs.bind(request_id=request_id), ExitStack() as bound:
+            scope[_BOUND] = bound
             try:
                 refusal = _refusal(scope["headers"])
                 if refusal is not None:
@@ -120,10 +147,13 @@ class EdgeMiddleware:
                     return
                 try:
                     await self.app(scope, receive_bounded, send_with_id)
-                except PayloadTooLarge as exc:
+                except Exception as exc:
+                    # What the app's handlers did not answer: a body over the limit read
+                    # outside a route, or a failure nothing expected (logged, answered 500).
                     if responded:
                         raise  # answered already; nothing more can be said
-                    await error_response(exc, request_id)(scope, receive, send_with_id)
+                    error = api_error_of(exc)
+                    await error_response(error, request_id)(scope, receive, send_with_id)
             finally:
                 elapsed = time.perf_counter() - started
                 route = scope.get("route")
@@ -141,26 +171,42 @@ class EdgeMiddleware:
                     )
 
 
-class EdgeH11Protocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol, answering what h11 cannot parse (a negative Content-Length,
-    a malformed header) with the api's JSON error and a request ID instead of plain text."""
+_FRAMED_TWICE = "the body is framed twice (Content-Length and Transfer-Encoding); send one"
 
-    def send_400_response(self, msg: str) -> None:
-        request_id = new_id("request")
-        error = BadRequest(
+
+def _malformed_request(
+    *, framed_twice: bool = False
+) -> tuple[str, bytes, list[tuple[bytes, bytes]]]:
+    """The api's answer to bytes that are not HTTP/1.1: a request ID, a JSON body, headers."""
+    request_id = new_id("request")
+    error = (
+        BadRequest(_FRAMED_TWICE, code="ambiguous_framing")
+        if framed_twice
+        else BadRequest(
             "malformed HTTP request: its request line, a header or the body's framing is not "
             "valid HTTP/1.1 (a Content-Length that is not a number of bytes, say)",
             code="malformed_request",
         )
-        body = error_body(error, request_id)
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close"),
-            (b"x-request-id", request_id.encode()),
-        ]
-        with logs.bind(request_id=request_id):
-            log.info("malformed HTTP request refused", extra={"status": 400})
+    )
+    body = error_body(error, request_id)
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+        (b"x-request-id", request_id.encode()),
+    ]
+    with logs.bind(request_id=request_id):
+        log.info("malformed HTTP request refused", extra={"status": 400})
+    return request_id, body, headers
+
+
+class EdgeH11Protocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol on h11, answering what h11 cannot parse (a negative
+    Content-Length, a malformed header) with the api's JSON error and a request ID instead of
+    plain text."""
+
+    def send_400_response(self, msg: str) -> None:
+        _, body, headers = _malformed_request()
         try:
             for event in (
                 h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
@@ -171,3 +217,40 @@ class EdgeH11Protocol(H11Protocol):
         except h11.LocalProtocolError:
             pass  # a response was under way already: closing is all that is left
         self.transport.close()
+
+
+class EdgeHttpToolsProtocol(HttpToolsProtocol):
+    """The same on httptools (llhttp), the faster parser uvicorn uses where it is installed.
+
+    llhttp refuses a body framed twice itself (h11 lets it through to `EdgeMiddleware`), so
+    `data_received` keeps the parser's reason to give the same answer either way.
+    """
+
+    _framed_twice = False
+
+    def data_received(self, data: bytes) -> None:
+        # uvicorn's own method (0.32+), but for keeping the parser's reason.
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            reason = str(exc)
+            self._framed_twice = "Transfer-Encoding" in reason and "Content-Length" in reason
+            self.send_400_response(reason)
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+
+    def send_400_response(self, msg: str) -> None:
+        _, body, headers = _malformed_request(framed_twice=self._framed_twice)
+        head = b"".join(name + b": " + value + b"\r\n" for name, value in headers)
+        self.transport.write(b"HTTP/1.1 400 Bad Request\r\n" + head + b"\r\n" + body)
+        self.transport.close()
+
+
+def edge_protocol() -> type[H11Protocol] | type[HttpToolsProtocol]:
+    """httptools where installed (issue 11: its parser costs less per request), else h11."""
+    return EdgeHttpToolsProtocol if httptools is not None else EdgeH11Protocol

@@ -2,7 +2,7 @@
 published to INTENTS by a relay.
 
 A state-changing call writes its workload row, its timeline entry and an outbox row in one
-transaction (`enqueue`), so a committed change always has its intent, and NATS being down never
+transaction (`outbox_row`), so a committed change always has its intent, and NATS being down never
 fails the call. The relay publishes unsent rows in id order with `Nats-Msg-Id` = the intent id
 (JetStream drops a republished duplicate), then marks them sent. It wakes on every commit that
 wrote a row, and polls as well, so rows written by another replica or left by an outage go out.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -25,7 +26,6 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from einsora.api import models as m
 from einsora.api.store import Store
@@ -49,18 +49,6 @@ def outbox_row(
         "traceparent": traceparent,
         "created_at": intent.at,
     }
-
-
-async def enqueue(
-    conn: AsyncConnection,
-    intent: WorkloadIntent,
-    *,
-    request_id: str,
-    traceparent: str | None = None,
-) -> None:
-    """Add `intent` to the outbox, inside the caller's transaction."""
-    row = outbox_row(intent, request_id=request_id, traceparent=traceparent)
-    await conn.execute(sa.insert(m.outbox).values(row))
 
 
 AWAITING_INTENT: frozenset[WorkloadState] = frozenset(
@@ -167,8 +155,7 @@ class OutboxRelay:
         """Publish every unsent row now; the number published. Raises when the bus fails."""
         total = 0
         while True:
-            async with self._store.read() as conn:
-                rows = (await conn.execute(_UNSENT, {"batch": self._batch})).all()
+            rows = await self._store.query(self._unsent)
             if not rows:
                 return total
             if not self._nc.is_connected:
@@ -208,11 +195,12 @@ class OutboxRelay:
             if failure is not None:
                 raise BusUnavailable(f"publishing intents failed: {failure!r}") from failure
 
+    def _unsent(self, conn: sa.Connection) -> Sequence[Any]:
+        return conn.execute(_UNSENT, {"batch": self._batch}).all()
+
     async def _mark_sent(self, ids: list[int]) -> None:
-        async with self._store.write() as conn:
-            await conn.execute(
-                sa.update(m.outbox).where(m.outbox.c.id.in_(ids)).values(sent_at=utcnow())
-            )
+        sent = sa.update(m.outbox).where(m.outbox.c.id.in_(ids)).values(sent_at=utcnow())
+        await self._store.run(lambda conn: conn.execute(sent))
 
     async def prune(self) -> None:
         """Forget rows sent longer ago than `retain`, but those of workloads still waiting on

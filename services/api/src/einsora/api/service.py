@@ -23,13 +23,15 @@ from nats.aio.client import Client as NATS
 
 from einsora.api.anti_entropy import ANTI_ENTROPY_PERIOD_S, AntiEntropy
 from einsora.api.app import create_app
+from einsora.api.auth import VerifiedTokens
 from einsora.api.bootstrap import OWNER_TOKEN_FILE, ensure_owner
 from einsora.api.context import ApiContext
 from einsora.api.machines import MachinesView
 from einsora.api.metrics import ApiMetrics, metrics_app
-from einsora.api.middleware import EdgeH11Protocol
+from einsora.api.middleware import edge_protocol
 from einsora.api.outbox import OutboxRelay
 from einsora.api.redeemer import TicketRedeemer
+from einsora.api.revocations import Revocations
 from einsora.api.store import Store
 from einsora.api.timeline import TimelineConsumer
 from einsora.common.bus import connect_as, identities, provision
@@ -69,6 +71,9 @@ class ApiService:
         self.catalog = catalog or Catalog.load()
         self.clock = clock
         self._redeemer: TicketRedeemer | None = None
+        self._revocations: Revocations | None = None
+        self.tokens: VerifiedTokens | None = None
+        """The API tokens this replica verified lately (once started)."""
         self._wanted_port = settings.api_port if port is None else port
         self._host = host or settings.bind_host
         self.port: int | None = None
@@ -127,6 +132,9 @@ class ApiService:
             await self.anti_entropy.start()
             self._redeemer = TicketRedeemer(self.store, self.nc, clock=self._now)
             await self._redeemer.start()
+            tokens = self.tokens = VerifiedTokens()
+            self._revocations = Revocations(tokens)
+            await self._revocations.start(self.nc)
             nc = self.nc
             ctx = ApiContext(
                 settings=self.settings,
@@ -136,13 +144,15 @@ class ApiService:
                 bus_connected=lambda: nc.is_connected,
                 clock=self._now,
                 metrics=metrics,
+                tokens=tokens,
+                revocations=self._revocations,
             )
             await self._serve_metrics(ctx.metrics)
             config = uvicorn.Config(
                 create_app(ctx),
-                # h11 (the only parser installed), with the api's JSON answer to what it cannot
-                # parse; the edge middleware refuses what it lets through but must not serve.
-                http=EdgeH11Protocol,
+                # httptools where installed, else h11, with the api's JSON answer to what it
+                # cannot parse; the edge middleware refuses what it lets through but must not serve.
+                http=edge_protocol(),
                 lifespan="off",
                 access_log=False,
                 log_config=None,
@@ -202,6 +212,9 @@ class ApiService:
         if self._redeemer is not None:
             await self._redeemer.stop()
             self._redeemer = None
+        if self._revocations is not None:
+            await self._revocations.stop()
+            self._revocations = None
         if self.anti_entropy is not None:
             await self.anti_entropy.stop()
             self.anti_entropy = None

@@ -1,13 +1,16 @@
 """The timeline consumer: workload events from EVENTS into the store.
 
-A durable pull consumer (`api-timeline`) with explicit acks: an event is acked once it is
-committed; one the store cannot take now is retried with back-off; one that is not a workload
-event, or came on another workload's subject, is refused for good (it can never be handled).
+A durable pull consumer (`api-timeline`) with explicit acks: a fetched batch of events is
+committed in one transaction, and each is acked once committed; one the store cannot take now
+is retried with back-off; one that is not a workload event, or came on another workload's
+subject, is refused for good (it can never be handled).
 When NATS comes back without the durable (a wiped server), `restart_if_gone` declares it again
 and the timeline catches up from the start of EVENTS (anti-entropy, ADR-0011).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -16,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
-from einsora.api.services.timeline import apply_event
+from einsora.api.services.timeline import apply_events
 from einsora.api.store import Store
 from einsora.common.bus import DurableConsumer, names, request_id_of
 from einsora.common.errors import EinsoraError
@@ -39,6 +42,8 @@ class TimelineConsumer:
             durable=TIMELINE_CONSUMER,
             filter_subject=names.EVENTS_FILTER,
             handler=self.handle,
+            # A fetched batch is one unit of work: one transaction for many events.
+            batch_handler=self.handle_batch,
             registry=registry,  # its redeliveries and terminations on the api's /metrics
         )
 
@@ -61,21 +66,33 @@ class TimelineConsumer:
         return False
 
     async def handle(self, msg: Msg) -> None:
+        await self._apply([msg])
+
+    async def handle_batch(self, msgs: Sequence[Msg]) -> None:
+        """Every event of a fetched batch in one transaction. One that cannot be handled fails
+        the batch, which the consumer then handles message by message (refusing just that one)."""
+        await self._apply(msgs)
+
+    async def _apply(self, msgs: Sequence[Msg]) -> None:
+        events = [(_event_of(msg), request_id_of(msg.headers)) for msg in msgs]
         try:
-            event = WorkloadEvent.from_bytes(msg.data)
-        except ValidationError as exc:
-            raise EinsoraError(
-                f"not a workload event: {what_is_wrong(exc)}", code="bad_event"
-            ) from exc
-        try:
-            expected = names.event_subject(event.workload_id)
-        except ValueError:
-            expected = None
-        if msg.subject != expected:
-            raise EinsoraError(
-                f"event for {event.workload_id!r} came on {msg.subject}", code="bad_event"
-            )
-        try:
-            await apply_event(self._store, event, request_id_of(msg.headers))
+            await apply_events(self._store, events)
         except SQLAlchemyError as exc:
             raise EinsoraError(f"store unavailable: {exc!r}", retryable=True) from exc
+
+
+def _event_of(msg: Msg) -> WorkloadEvent:
+    """The workload event a message carries, or a non-retryable error saying why not."""
+    try:
+        event = WorkloadEvent.from_bytes(msg.data)
+    except ValidationError as exc:
+        raise EinsoraError(f"not a workload event: {what_is_wrong(exc)}", code="bad_event") from exc
+    try:
+        expected = names.event_subject(event.workload_id)
+    except ValueError:
+        expected = None
+    if msg.subject != expected:
+        raise EinsoraError(
+            f"event for {event.workload_id!r} came on {msg.subject}", code="bad_event"
+        )
+    return event

@@ -7,11 +7,10 @@ the next start picks up where the store says it was (ADR-0004).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 from pathlib import Path
 
-from einsora.common import logs
+from einsora.common import logs, runloop
 from einsora.common.service import serve_until_signalled
 from einsora.common.settings import settings_from
 from einsora.scheduler.service import SchedulerService
@@ -87,4 +86,4 @@ def run(args: argparse.Namespace) -> int:
         batch=args.batch,
         ack_wait_s=args.ack_wait,
     )
-    return asyncio.run(serve_until_signalled(service))
+    return runloop.run(serve_until_signalled(service))

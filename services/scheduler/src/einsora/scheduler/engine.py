@@ -4,10 +4,14 @@ Inputs (batches of intents, keys of the `machines` bucket, liveness ticks) wait 
 Each cycle takes everything waiting, decides, and then, in this order (ADR-0004):
 1. commits every decision of the cycle to the store in one transaction;
 2. writes each affected machine's complete desired state once;
-3. publishes the cycle's events (`Nats-Msg-Id` = `<workload>-<seq>`), and writes routes;
+3. once those are stored, publishes the cycle's events (`Nats-Msg-Id` = `<workload>-<seq>`)
+   and writes its routes, together;
 4. only then lets the consumer ack the cycle's intents.
-A crash between any two steps is harmless: the intent comes back and is recognised by its id,
-and start-up rewrites whatever the store has that the bus may lack.
+Steps 2-4 of one cycle overlap the next cycle's decisions and commit: the projection is
+serialised at the commit, so it never carries a decision the store lacks, and projections go
+on the wire one after another; at most `PIPELINE` are in flight. A crash between any two steps
+is harmless: the intent comes back and is recognised by its id, and start-up rewrites whatever
+the store has that the bus may lack.
 """
 
 from __future__ import annotations
@@ -28,12 +32,16 @@ from einsora.scheduler.intents import apply_intent
 from einsora.scheduler.machines import MachineReader
 from einsora.scheduler.model import Liveness
 from einsora.scheduler.observe import check_liveness
-from einsora.scheduler.projection import Projector
+from einsora.scheduler.projection import Projection, Projector
 from einsora.scheduler.store import SchedulerStore, Snapshot
 from einsora.scheduler.tokens import WorkloadTokens
 from einsora.scheduler.watch import MachineKey
 
 log = logging.getLogger("einsora.scheduler.engine")
+
+PIPELINE = 2
+"""Projections that may be in flight while the next cycle decides: deep enough to hide the
+acks' wait, shallow enough that a bus outage piles up little."""
 
 
 class CycleFailed(EinsoraError):
@@ -118,6 +126,9 @@ class Engine:
         self._stale = False
         self._task: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
+        self._projecting: list[asyncio.Task[None]] = []
+        self._last_projection: Projection | None = None
+        self._projection_failures = 0
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -135,12 +146,13 @@ class Engine:
         self._ticker = asyncio.create_task(self._tick_loop(), name="scheduler ticks")
 
     async def stop(self) -> None:
-        for task in (self._ticker, self._task):
+        for task in (self._ticker, self._task, *self._projecting):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._task = self._ticker = None
+        self._projecting = []
 
     # --- inputs -----------------------------------------------------------------------------
 
@@ -187,26 +199,62 @@ class Engine:
             while len(items) < self._max_inputs and not self._queue.empty():
                 items.append(self._queue.get_nowait())
             waiting = [i.done for i in items if isinstance(i, _Intents | _Snapshot)]
+            while len(self._projecting) >= PIPELINE:
+                await asyncio.wait([self._projecting[0]])
+            if self._projection_failures:
+                # Back off while the bus is away, rather than spin.
+                await asyncio.sleep(min(0.05 * 2**self._projection_failures, 2.0))
             try:
-                await self._cycle(items)
+                projection = await self._cycle(items)
             except Exception as exc:
                 self._failures += 1
                 log.warning(
                     "cycle failed; its intents will be retried",
                     extra={"error": repr(exc), "failures": self._failures},
                 )
-                for future in waiting:
-                    if not future.done():
-                        future.set_exception(CycleFailed(f"not yet recorded: {exc!r}"))
+                _fail(waiting, exc)
                 # Back off while the store or the bus is away, rather than spin.
                 await asyncio.sleep(min(0.05 * 2**self._failures, 2.0))
                 continue
             self._failures = 0
-            for future in waiting:
-                if not future.done():
-                    future.set_result(None)
+            previous = self._projecting[-1] if self._projecting else None
+            task = asyncio.create_task(
+                self._project(projection, self._last_projection, previous, waiting),
+                name="scheduler projection",
+            )
+            if projection is not None:
+                self._last_projection = projection
+            self._projecting.append(task)
+            task.add_done_callback(self._projecting.remove)
 
-    async def _cycle(self, items: list[_Input]) -> None:
+    async def _project(
+        self,
+        projection: Projection | None,
+        after: Projection | None,
+        previous: asyncio.Task[None] | None,
+        waiting: list[asyncio.Future[None]],
+    ) -> None:
+        """Write a cycle's projection, then settle its intents once it and every earlier one
+        are written (an earlier failure is retried by a later projection, not by this one)."""
+        try:
+            if projection is not None:
+                await self.projector.write(projection, after)
+            if previous is not None:
+                await asyncio.wait([previous])
+        except Exception as exc:
+            self._projection_failures += 1
+            log.warning(
+                "projection failed; its intents will be retried",
+                extra={"error": repr(exc), "failures": self._projection_failures},
+            )
+            _fail(waiting, exc)
+            return
+        self._projection_failures = 0
+        for future in waiting:
+            if not future.done():
+                future.set_result(None)
+
+    async def _cycle(self, items: list[_Input]) -> Projection | None:
         if self._stale:
             await self._reload()
         changes = self.book.begin()
@@ -235,8 +283,8 @@ class Engine:
                 raise
             del self.projector.published[: len(published)]
         self.projector.take(changes)
-        if self.projector.pending:
-            await self.projector.flush(self.book)
+        # No await between the commit and here: the projection holds committed decisions only.
+        return self.projector.prepare(self.book)
 
     def _decide(self, items: list[_Input], fresh: list[tuple[WorkloadIntent, str | None]]) -> None:
         changes = self.book.changes
@@ -278,6 +326,8 @@ class Engine:
     async def _reload(self) -> None:
         """Back to what the store holds (the failed cycle's decisions were never committed),
         then the machines' latest values again, which the failed cycle may have applied."""
+        if self._projecting:
+            await asyncio.wait(list(self._projecting))  # their failures are requeued in load
         await self.load()
         self._stale = False
         self._queue.put_nowait(_Replay(self.reader.latest_values()))
@@ -289,6 +339,12 @@ class Engine:
                 isinstance(item, MachineKey) and (item.kind == "desired" or item.deleted)
             ):
                 self._queue.put_nowait(item)
+
+
+def _fail(waiting: list[asyncio.Future[None]], exc: Exception) -> None:
+    for future in waiting:
+        if not future.done():
+            future.set_exception(CycleFailed(f"not yet recorded: {exc!r}"))
 
 
 def _book_from(

@@ -135,6 +135,9 @@ class MachineReader:
         if key.revision <= self.projector.written_revision.get(key.machine_id, 0):
             return  # our own write coming back, or an older one
         seen = None if key.deleted else _generation(key.value)
+        writing = self.projector.writing.get(key.machine_id)
+        if seen is not None and writing is not None and seen <= writing:
+            return  # our own write coming back before its ack, or an older one
         if seen is not None and seen > machine.generation:
             book.raise_generation_above(machine, seen)
         if seen != machine.generation:

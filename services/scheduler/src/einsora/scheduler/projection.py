@@ -1,4 +1,4 @@
-"""Projecting the store onto the bus: desired states, then events, then routes.
+"""Projecting the store onto the bus: desired states, events and routes, sent together.
 
 Everything here is a replayable copy of what the store already holds (ADR-0004):
 - each affected machine's complete desired state, at the generation the store gave it, built
@@ -7,16 +7,19 @@ Everything here is a replayable copy of what the store already holds (ADR-0004):
   is dropped by JetStream and ignored by consumers;
 - each running workload's route (put) and each stopped one's (delete).
 
-What could not be written stays pending and is retried by the next flush; an intent is acked
-only after a flush that left nothing pending.
+A cycle's projection is serialised the moment its decisions are committed (`prepare`), then
+sent while the next cycle decides (`write`): its desired states, then, once they are stored,
+its events and routes together; each after the previous projection's, so every key's writes
+stay in order. What could not be written goes back to pending and is retried by a later projection;
+an intent is acked only after its cycle's projection was written in full (ADR-0004).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
@@ -38,6 +41,28 @@ class ProjectionFailed(EinsoraError):
     retryable = True
 
 
+_KV_DELETE = {"KV-Operation": "DEL"}
+"""What nats-py's `KeyValue.delete` sends: a delete marker on the key's subject."""
+
+
+@dataclass
+class Projection:
+    """One cycle's writes, serialised when its decisions were committed."""
+
+    desired: list[tuple[str, int, bytes]]
+    """(machine, generation, complete desired state) for each affected machine."""
+    events: list[OutboxEvent]
+    routes: dict[str, Route | None]
+    desired_sent: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once its desired states are on the wire: the next projection may send its own."""
+    events_sent: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once its events and routes are on the wire (or will not be sent)."""
+
+    @property
+    def size(self) -> int:
+        return len(self.desired) + len(self.events) + len(self.routes)
+
+
 class Projector:
     """Pending projections and how to write them."""
 
@@ -55,6 +80,8 @@ class Projector:
         self.published: list[str] = []
         """Events on the bus whose outbox rows the next store commit forgets."""
         self.routes: dict[str, Route | None] = {}
+        self.writing: dict[str, int] = {}
+        """Machines whose desired state is on its way, at this generation."""
 
     @property
     def pending(self) -> bool:
@@ -86,75 +113,107 @@ class Projector:
             machine_id=machine.machine_id, generation=machine.generation, workloads=workloads
         )
 
-    async def flush(self, book: Book) -> None:
-        """Write desired states, then publish events, then write routes; raise if any failed."""
-        await self._flush_desired(book)
-        await self._flush_events()
-        await self._flush_routes()
-
-    async def _flush_desired(self, book: Book) -> None:
+    def prepare(self, book: Book) -> Projection | None:
+        """Everything pending, serialised now, while the book holds only committed decisions
+        (call it straight after a commit, with no await in between); None when nothing is."""
         machines = [book.machines[m] for m in sorted(self.dirty) if m in book.machines]
-        self.dirty -= {m for m in self.dirty if m not in book.machines}
-        if not machines:
-            return
-        futures = [
-            await self._js.publish_async(
-                names.MACHINES.key_subject(names.desired_key(m.machine_id)),
-                self.desired_state(book, m).to_bytes(),
-            )
-            for m in machines
+        self.dirty = set()
+        desired = [
+            (m.machine_id, m.generation, self.desired_state(book, m).to_bytes()) for m in machines
         ]
-        acks = await self._settle(futures)
+        for machine_id, generation, _ in desired:
+            self.writing[machine_id] = generation
+        events, self.events = self.events, []
+        routes, self.routes = self.routes, {}
+        if not (desired or events or routes):
+            return None
+        return Projection(desired, events, routes)
+
+    async def write(self, projection: Projection, after: Projection | None = None) -> None:
+        """Send `projection`'s desired states, and once they are stored its events and routes
+        (each after `after`'s, so every key's writes stay in order). What failed goes back to
+        pending; raises ProjectionFailed if anything did."""
+        if after is not None:
+            await after.desired_sent.wait()
+        try:
+            desired = await self._send(
+                (names.MACHINES.key_subject(names.desired_key(m)), payload, None)
+                for m, _, payload in projection.desired
+            )
+        finally:
+            projection.desired_sent.set()
+        acks = await self._settle(desired)
+        acks += [TimeoutError("not sent")] * (len(projection.desired) - len(acks))
+        rest: list[asyncio.Future[PubAck]] = []
+        if all(isinstance(a, PubAck) for a in acks):
+            # The timeline promises what the agent can see: events only after desired states.
+            if after is not None:
+                await after.events_sent.wait()
+            try:
+                rest = await self._send(self._events_and_routes(projection))
+            finally:
+                projection.events_sent.set()
+            acks += await self._settle(rest)
+        else:
+            projection.events_sent.set()
+        acks += [TimeoutError("not sent")] * (projection.size - len(acks))
+        self._settled(projection, acks)
+
+    @staticmethod
+    def _events_and_routes(
+        projection: Projection,
+    ) -> Iterator[tuple[str, bytes, dict[str, str] | None]]:
+        for e in projection.events:
+            headers = message_headers(request_id=e.request_id, msg_id=e.event.event_id)
+            yield names.event_subject(e.event.workload_id), e.event.to_bytes(), headers
+        for workload_id, route in projection.routes.items():
+            subject = names.ROUTES.key_subject(names.route_key(workload_id))
+            if route is None:
+                yield subject, b"", _KV_DELETE
+            else:
+                yield subject, route.to_bytes(), None
+
+    async def _send(
+        self, messages: Iterable[tuple[str, bytes, dict[str, str] | None]]
+    ) -> list[asyncio.Future[PubAck]]:
+        """Publish each message without waiting for its ack; stops at the first that cannot
+        be sent (the rest count as failed)."""
+        futures: list[asyncio.Future[PubAck]] = []
+        try:
+            for subject, payload, headers in messages:
+                futures.append(await self._js.publish_async(subject, payload, headers=headers))
+        except Exception as exc:
+            log.warning("publishing the projection failed", extra={"error": repr(exc)})
+        return futures
+
+    def _settled(self, projection: Projection, acks: list[PubAck | BaseException]) -> None:
+        n_desired, n_events = len(projection.desired), len(projection.events)
         failed = 0
-        for machine, ack in zip(machines, acks, strict=True):
+        for (machine_id, generation, _), ack in zip(
+            projection.desired, acks[:n_desired], strict=True
+        ):
+            if self.writing.get(machine_id) == generation:
+                del self.writing[machine_id]
             if isinstance(ack, PubAck):
-                self.written_revision[machine.machine_id] = ack.seq
-                self.dirty.discard(machine.machine_id)
+                self.written_revision[machine_id] = max(
+                    ack.seq, self.written_revision.get(machine_id, 0)
+                )
             else:
                 failed += 1
-        if failed:
-            raise ProjectionFailed(f"{failed} desired states could not be written; retrying")
-
-    async def _flush_events(self) -> None:
-        if not self.events:
-            return
-        events = self.events
-        futures = [
-            await self._js.publish_async(
-                names.event_subject(e.event.workload_id),
-                e.event.to_bytes(),
-                headers=message_headers(request_id=e.request_id, msg_id=e.event.event_id),
-            )
-            for e in events
-        ]
-        acks = await self._settle(futures)
-        self.events = [
-            e for e, ack in zip(events, acks, strict=True) if not isinstance(ack, PubAck)
-        ]
-        self.published.extend(
-            e.event.event_id for e, ack in zip(events, acks, strict=True) if isinstance(ack, PubAck)
-        )
-        if self.events:
-            raise ProjectionFailed(f"{len(self.events)} events could not be published; retrying")
-
-    async def _flush_routes(self) -> None:
-        if not self.routes:
-            return
-        routes = self.routes
-        self.routes = {}
-        calls: list[Awaitable[Any]] = []
-        for workload_id, route in routes.items():
-            key = names.route_key(workload_id)
-            if route is None:
-                calls.append(self._routes.delete(key))
+                self.dirty.add(machine_id)  # rewritten from the book by a later projection
+        for e, ack in zip(projection.events, acks[n_desired : n_desired + n_events], strict=True):
+            if isinstance(ack, PubAck):
+                self.published.append(e.event.event_id)
             else:
-                calls.append(self._routes.put(key, route.to_bytes()))
-        results = await asyncio.gather(*calls, return_exceptions=True)
-        for (workload_id, route), result in zip(routes.items(), results, strict=True):
-            if isinstance(result, BaseException):
+                failed += 1
+                self.events.append(e)
+        route_acks = acks[n_desired + n_events :]
+        for (workload_id, route), ack in zip(projection.routes.items(), route_acks, strict=True):
+            if not isinstance(ack, PubAck):
+                failed += 1
                 self.routes.setdefault(workload_id, route)
-        if self.routes:
-            raise ProjectionFailed(f"{len(self.routes)} routes could not be written; retrying")
+        if failed:
+            raise ProjectionFailed(f"{failed} of {projection.size} writes failed; retrying")
 
     async def _settle(
         self, futures: Sequence[asyncio.Future[PubAck]]

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from einsora.common.schemas import (
     Inventory,
@@ -108,74 +107,75 @@ class SchedulerStore(Database):
         self, intent_ids: Sequence[str], workload_ids: Sequence[str]
     ) -> tuple[set[str], dict[str, WorkloadState]]:
         """Which of these intents were processed already, and which of these workloads the
-        store knows (with their state), in one round trip to the database."""
-        seen: set[str] = set()
-        states: dict[str, WorkloadState] = {}
-        async with self.read() as conn:
+        store knows (with their state), in one call to the database."""
+
+        def read(conn: sa.Connection) -> tuple[set[str], dict[str, WorkloadState]]:
+            seen: set[str] = set()
             for chunk in _chunks(intent_ids):
-                result = await conn.execute(
+                result = conn.execute(
                     sa.select(t.processed_intents.c.intent_id).where(
                         t.processed_intents.c.intent_id.in_(chunk)
                     )
                 )
                 seen.update(result.scalars())
-            states = await _states_of(conn, workload_ids)
-        return seen, states
+            return seen, _states_of(conn, workload_ids)
+
+        return await self.query(read)
 
     async def states_of(self, workload_ids: Sequence[str]) -> dict[str, WorkloadState]:
         """The state of each of these workloads that the store knows."""
-        async with self.read() as conn:
-            return await _states_of(conn, workload_ids)
+        return await self.query(lambda conn: _states_of(conn, workload_ids))
 
     # --- writing ----------------------------------------------------------------------------
 
     async def commit(self, changes: Changes, published: Sequence[str]) -> None:
         """Write one cycle's changes in one transaction; forget the outbox rows `published`."""
-        async with self.write() as conn:
-            await _save_machines(conn, changes)
-            await _save_workloads(conn, changes)
-            await _save_rows(conn, changes)
-            if changes.intents:
-                now = utcnow()
-                await conn.execute(
-                    t.processed_intents.insert(),
-                    [
-                        {
-                            "intent_id": i.intent_id,
-                            "workload_id": i.workload_id,
-                            "action": i.action,
-                            "processed_at": now,
-                        }
-                        for i in changes.intents
-                    ],
-                )
-            if changes.events:
-                await conn.execute(
-                    t.outbox.insert(),
-                    [
-                        {
-                            "event_id": e.event.event_id,
-                            "workload_id": e.event.workload_id,
-                            "seq": e.event.seq,
-                            "request_id": e.request_id,
-                            "payload": e.event.to_bytes().decode(),
-                        }
-                        for e in changes.events
-                    ],
-                )
-            if published:
-                await conn.execute(
-                    t.outbox.delete().where(t.outbox.c.event_id == sa.bindparam("b_id")),
-                    [{"b_id": event_id} for event_id in published],
-                )
+        await self.run(lambda conn: _commit(conn, changes, published))
 
 
-async def _states_of(
-    conn: AsyncConnection, workload_ids: Sequence[str]
-) -> dict[str, WorkloadState]:
+def _commit(conn: sa.Connection, changes: Changes, published: Sequence[str]) -> None:
+    _save_machines(conn, changes)
+    _save_workloads(conn, changes)
+    _save_rows(conn, changes)
+    if changes.intents:
+        now = utcnow()
+        conn.execute(
+            t.processed_intents.insert(),
+            [
+                {
+                    "intent_id": i.intent_id,
+                    "workload_id": i.workload_id,
+                    "action": i.action,
+                    "processed_at": now,
+                }
+                for i in changes.intents
+            ],
+        )
+    if changes.events:
+        conn.execute(
+            t.outbox.insert(),
+            [
+                {
+                    "event_id": e.event.event_id,
+                    "workload_id": e.event.workload_id,
+                    "seq": e.event.seq,
+                    "request_id": e.request_id,
+                    "payload": e.event.to_bytes().decode(),
+                }
+                for e in changes.events
+            ],
+        )
+    if published:
+        conn.execute(
+            t.outbox.delete().where(t.outbox.c.event_id == sa.bindparam("b_id")),
+            [{"b_id": event_id} for event_id in published],
+        )
+
+
+def _states_of(conn: sa.Connection, workload_ids: Sequence[str]) -> dict[str, WorkloadState]:
     found: dict[str, WorkloadState] = {}
     for chunk in _chunks(workload_ids):
-        result = await conn.execute(
+        result = conn.execute(
             sa.select(t.workloads.c.workload_id, t.workloads.c.state).where(
                 t.workloads.c.workload_id.in_(chunk)
             )
@@ -184,13 +184,13 @@ async def _states_of(
     return found
 
 
-async def _save_machines(conn: AsyncConnection, changes: Changes) -> None:
+def _save_machines(conn: sa.Connection, changes: Changes) -> None:
     new = [m for k, m in changes.machines.items() if k in changes.new_machines]
     old = [m for k, m in changes.machines.items() if k not in changes.new_machines]
     if new:
-        await conn.execute(t.machines.insert(), [_machine_values(m) for m in new])
+        conn.execute(t.machines.insert(), [_machine_values(m) for m in new])
     if old:
-        await conn.execute(
+        conn.execute(
             t.machines.update()
             .where(t.machines.c.machine_id == sa.bindparam("b_machine_id"))
             .values(
@@ -215,13 +215,13 @@ def _machine_values(m: Machine) -> dict[str, Any]:
 _WORKLOAD_MUTABLE = ("state", "reason", "machine_id", "seq", "pending_since", "request_id")
 
 
-async def _save_workloads(conn: AsyncConnection, changes: Changes) -> None:
+def _save_workloads(conn: sa.Connection, changes: Changes) -> None:
     new = [w for k, w in changes.workloads.items() if k in changes.new_workloads]
     old = [w for k, w in changes.workloads.items() if k not in changes.new_workloads]
     if new:
-        await conn.execute(t.workloads.insert(), [_workload_values(w) for w in new])
+        conn.execute(t.workloads.insert(), [_workload_values(w) for w in new])
     if old:
-        await conn.execute(
+        conn.execute(
             t.workloads.update()
             .where(t.workloads.c.workload_id == sa.bindparam("b_workload_id"))
             .values({c: sa.bindparam(f"b_{c}") for c in _WORKLOAD_MUTABLE}),
@@ -252,24 +252,24 @@ def _workload_values(w: Workload) -> dict[str, Any]:
     }
 
 
-async def _save_rows(conn: AsyncConnection, changes: Changes) -> None:
+def _save_rows(conn: sa.Connection, changes: Changes) -> None:
     if not changes.rows:
         return
     keys = [{"b_m": m, "b_w": w} for (m, w) in changes.rows if (m, w) not in changes.new_rows]
     if keys:
-        await _delete_rows(conn, keys)
-    await _insert_rows(conn, changes)
+        _delete_rows(conn, keys)
+    _insert_rows(conn, changes)
 
 
-async def _delete_rows(conn: AsyncConnection, keys: list[dict[str, str]]) -> None:
-    await conn.execute(
+def _delete_rows(conn: sa.Connection, keys: list[dict[str, str]]) -> None:
+    conn.execute(
         t.gpu_bookings.delete().where(
             t.gpu_bookings.c.machine_id == sa.bindparam("b_m"),
             t.gpu_bookings.c.workload_id == sa.bindparam("b_w"),
         ),
         keys,
     )
-    await conn.execute(
+    conn.execute(
         t.desired_rows.delete().where(
             t.desired_rows.c.machine_id == sa.bindparam("b_m"),
             t.desired_rows.c.workload_id == sa.bindparam("b_w"),
@@ -278,10 +278,10 @@ async def _delete_rows(conn: AsyncConnection, keys: list[dict[str, str]]) -> Non
     )
 
 
-async def _insert_rows(conn: AsyncConnection, changes: Changes) -> None:
+def _insert_rows(conn: sa.Connection, changes: Changes) -> None:
     present = [(m, row) for (m, _), row in changes.rows.items() if row is not None]
     if present:
-        await conn.execute(
+        conn.execute(
             t.desired_rows.insert(),
             [
                 {
@@ -302,7 +302,7 @@ async def _insert_rows(conn: AsyncConnection, changes: Changes) -> None:
         for uuid in row.gpus
     ]
     if bookings:
-        await conn.execute(t.gpu_bookings.insert(), bookings)
+        conn.execute(t.gpu_bookings.insert(), bookings)
 
 
 def _machine(r: Any) -> Machine:

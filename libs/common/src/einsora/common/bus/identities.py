@@ -129,9 +129,10 @@ def service_permissions(identity: str) -> Permissions:
                 # watch creates consumers through the unfiltered API, so this cannot be
                 # narrowed to those keys (ADR-0009 names the residual).
                 *_reads_bucket(names.MACHINES),
+                names.TOKENS_REVOKED_SUBJECT,
             ),
             publish_deny=(*_NEVER, names.DESIRED_SUBJECTS),
-            subscribe=(inbox, names.ACCESS_REDEEM_SUBJECT),
+            subscribe=(inbox, names.ACCESS_REDEEM_SUBJECT, names.TOKENS_REVOKED_SUBJECT),
             allow_responses=True,
         )
     if identity == SCHEDULER:

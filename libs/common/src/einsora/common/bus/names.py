@@ -87,6 +87,10 @@ def usage_allocation_subject(tenant_id: str) -> str:
 ACCESS_REDEEM_SUBJECT: Final = "access.redeem"
 """Request/reply: the proxy redeems an access ticket; the api answers (queue group `api`)."""
 
+TOKENS_REVOKED_SUBJECT: Final = "api.tokens.revoked"
+"""Core NATS, api to api: these API tokens were revoked; every replica drops them from its
+cache of verified tokens at once (`TokensRevoked`)."""
+
 API_QUEUE_GROUP: Final = "api"
 """Queue group of the api's request/reply handlers, so several api replicas share them."""
 

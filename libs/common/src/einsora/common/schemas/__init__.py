@@ -1,6 +1,11 @@
 """Versioned pydantic schemas of every message on the bus."""
 
-from einsora.common.schemas.access import AccessRedeemReply, AccessRedeemRequest, Route
+from einsora.common.schemas.access import (
+    AccessRedeemReply,
+    AccessRedeemRequest,
+    Route,
+    TokensRevoked,
+)
 from einsora.common.schemas.base import Message, utcnow, what_is_wrong
 from einsora.common.schemas.machine import (
     DesiredState,
@@ -46,6 +51,7 @@ __all__ = [
     "Resources",
     "Route",
     "Target",
+    "TokensRevoked",
     "WorkloadEvent",
     "WorkloadIntent",
     "WorkloadKind",

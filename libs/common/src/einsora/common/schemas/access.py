@@ -1,4 +1,5 @@
-"""Routes (where a running workload answers) and access-ticket redemption.
+"""Routes (where a running workload answers), access-ticket redemption, and API token
+revocations between api replicas.
 
 The scheduler writes a workload's `Route` to the `routes` bucket when it is running and deletes
 it when it stops; the proxy and gateway read it. The proxy redeems an access ticket by asking the
@@ -43,3 +44,9 @@ class AccessRedeemReply(Message):
     tenant_id: str | None = None
     user_id: str | None = None
     expires_at: datetime | None = None
+
+
+class TokensRevoked(Message):
+    """`api.tokens.revoked`: these API tokens were revoked; drop them from every cache."""
+
+    token_ids: list[str]

@@ -2,41 +2,35 @@
 
 from __future__ import annotations
 
+from fastapi import APIRouter
 from starlette.responses import Response
 
-from einsora.api.operation import Call, Operation
+from einsora.api.deps import (
+    AUTH_ERRORS,
+    PARAM_ERRORS,
+    Me,
+    errors,
+    operation_id,
+    reply,
+)
+from einsora.api.routers.workloads import WorkloadId
 from einsora.api.schemas.access import AccessOut
-from einsora.api.schemas.common import NoBody, NoQuery
 from einsora.api.services import access
 
+router = APIRouter(tags=["workloads"], generate_unique_id_function=operation_id)
 
-async def create_access(call: Call[NoBody, NoQuery]) -> Response:
+
+@router.post(
+    "/v1/workloads/{id}/access",
+    summary="A one-time link (valid 60 s) to a running workload's own site, for the browser",
+    response_model=AccessOut,
+    status_code=201,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS, 404, 409),
+)
+async def create_access(call: Me, workload_id: WorkloadId) -> Response:
+    ctx = call.ctx
     out = await access.mint(
-        call.ctx.store,
-        call.ctx.settings,
-        call.me,
-        call.path("id"),
-        request_id=call.request_id,
-        clock=call.ctx.clock,
+        ctx.store, ctx.settings, call.me, workload_id, request_id=call.request_id, clock=ctx.clock
     )
-    return Response(
-        out.model_dump_json(),
-        status_code=201,
-        media_type="application/json",
-        # The link is a credential for 60 s: never cache it, never leak it onward.
-        headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"},
-    )
-
-
-OPERATIONS = [
-    Operation(
-        "POST",
-        "/v1/workloads/{id}/access",
-        create_access,
-        "A one-time link (valid 60 s) to a running workload's own site, for the browser",
-        "workloads",
-        AccessOut,
-        status=201,
-        errors=(404, 409),
-    ),
-]
+    # The link is a credential for 60 s: never cache it, never leak it onward.
+    return reply(out, 201, {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"})

@@ -2,38 +2,47 @@
 
 from __future__ import annotations
 
-from einsora.api.operation import Call, Operation
-from einsora.api.schemas.common import NoBody, NoQuery
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path
+from starlette.responses import Response
+
+from einsora.api.deps import (
+    AUTH_ERRORS,
+    BODY_ERRORS,
+    PARAM_ERRORS,
+    JsonBody,
+    Me,
+    errors,
+    operation_id,
+    reply,
+)
 from einsora.api.schemas.limits import TenantLimitsOut, TenantLimitsUpdate
 from einsora.api.services import limits
 
-
-async def get_tenant_limits(call: Call[NoBody, NoQuery]) -> TenantLimitsOut:
-    return await limits.get(call.ctx.store, call.me, call.path("id"), call.ctx.settings)
-
-
-async def put_tenant_limits(call: Call[TenantLimitsUpdate, NoQuery]) -> TenantLimitsOut:
-    return await limits.put(call.ctx.store, call.me, call.path("id"), call.body, call.ctx.settings)
+router = APIRouter(tags=["tenants"], generate_unique_id_function=operation_id)
+TenantId = Annotated[str, Path(alias="id")]
 
 
-OPERATIONS = [
-    Operation(
-        "GET",
-        "/v1/tenants/{id}/limits",
-        get_tenant_limits,
-        "A tenant's limits: its cap on workloads, its tokens' rate limits, and its usage now",
-        "tenants",
-        TenantLimitsOut,
-        errors=(404,),
-    ),
-    Operation(
-        "PUT",
-        "/v1/tenants/{id}/limits",
-        put_tenant_limits,
-        "Set a tenant's cap on workloads that are not removed (the operator only)",
-        "tenants",
-        TenantLimitsOut,
-        body=TenantLimitsUpdate,
-        errors=(403, 404),
-    ),
-]
+@router.get(
+    "/v1/tenants/{id}/limits",
+    summary="A tenant's limits: its cap on workloads, its tokens' rate limits, and its usage now",
+    response_model=TenantLimitsOut,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS, 404),
+)
+async def get_tenant_limits(call: Me, tenant_id: TenantId) -> Response:
+    return reply(await limits.get(call.ctx.store, call.me, tenant_id, call.ctx.settings))
+
+
+@router.put(
+    "/v1/tenants/{id}/limits",
+    summary="Set a tenant's cap on workloads that are not removed (the operator only)",
+    response_model=TenantLimitsOut,
+    responses=errors(*AUTH_ERRORS, *BODY_ERRORS, 403, 404),
+)
+async def put_tenant_limits(
+    call: Me,
+    tenant_id: TenantId,
+    body: Annotated[TenantLimitsUpdate, Depends(JsonBody(TenantLimitsUpdate))],
+) -> Response:
+    return reply(await limits.put(call.ctx.store, call.me, tenant_id, body, call.ctx.settings))

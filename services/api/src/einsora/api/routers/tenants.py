@@ -2,8 +2,24 @@
 
 from __future__ import annotations
 
-from einsora.api.operation import Call, Operation
-from einsora.api.schemas.common import NoBody, NoQuery, PageQuery
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query
+from starlette.responses import Response
+
+from einsora.api.deps import (
+    AUTH_ERRORS,
+    BODY_ERRORS,
+    PARAM_ERRORS,
+    Ctx,
+    JsonBody,
+    Me,
+    errors,
+    no_content,
+    operation_id,
+    reply,
+)
+from einsora.api.schemas.common import PageQuery
 from einsora.api.schemas.tenants import (
     InvitationCreate,
     InvitationCreated,
@@ -18,141 +34,125 @@ from einsora.api.schemas.tenants import (
 )
 from einsora.api.services import invitations, tenants
 
-
-async def get_me(call: Call[NoBody, NoQuery]) -> MeOut:
-    return tenants.me(call.me)
-
-
-async def create_tenant(call: Call[TenantCreate, NoQuery]) -> TenantOut:
-    return await tenants.create_tenant(call.ctx.store, call.me, call.body)
+router = APIRouter(tags=["tenants"], generate_unique_id_function=operation_id)
+TenantId = Annotated[str, Path(alias="id")]
+InvitationId = Annotated[str, Path(alias="id")]
+Page = Annotated[PageQuery, Query()]
 
 
-async def list_tenants(call: Call[NoBody, PageQuery]) -> TenantPage:
-    return await tenants.list_tenants(call.ctx.store, call.me, call.query)
+@router.get(
+    "/v1/me",
+    summary="Who this token is: user, tenant, role",
+    response_model=MeOut,
+    responses=errors(*AUTH_ERRORS),
+)
+async def get_me(call: Me) -> Response:
+    return reply(tenants.me(call.me))
 
 
-async def invite(call: Call[InvitationCreate, NoQuery]) -> InvitationCreated:
-    return await invitations.invite(call.ctx.store, call.me, call.path("id"), call.body)
+@router.post(
+    "/v1/tenants",
+    summary="Create a tenant (the operator only)",
+    response_model=TenantOut,
+    status_code=201,
+    responses=errors(*AUTH_ERRORS, *BODY_ERRORS, 403, 409),
+)
+async def create_tenant(
+    call: Me, body: Annotated[TenantCreate, Depends(JsonBody(TenantCreate))]
+) -> Response:
+    return reply(await tenants.create_tenant(call.ctx.store, call.me, body), 201)
 
 
-async def list_tenant_invitations(call: Call[NoBody, PageQuery]) -> InvitationPage:
-    return await invitations.list_for_tenant(call.ctx.store, call.me, call.path("id"), call.query)
+@router.get(
+    "/v1/tenants",
+    summary="List tenants (the operator sees all; anyone else their own)",
+    response_model=TenantPage,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS),
+)
+async def list_tenants(call: Me, query: Page) -> Response:
+    return reply(await tenants.list_tenants(call.ctx.store, call.me, query))
 
 
-async def revoke_invitation(call: Call[NoBody, NoQuery]) -> None:
-    await invitations.revoke(call.ctx.store, call.me, call.path("id"), call.path("invitation"))
+@router.post(
+    "/v1/tenants/{id}/invitations",
+    summary="Invite a user into a tenant (its admins). An existing user accepts it themself; "
+    "a new user redeems the one-time code in this answer. Nobody gets a token for another.",
+    response_model=InvitationCreated,
+    status_code=201,
+    responses=errors(*AUTH_ERRORS, *BODY_ERRORS, 403, 404, 409),
+)
+async def invite(
+    call: Me,
+    tenant_id: TenantId,
+    body: Annotated[InvitationCreate, Depends(JsonBody(InvitationCreate))],
+) -> Response:
+    return reply(await invitations.invite(call.ctx.store, call.me, tenant_id, body), 201)
 
 
-async def list_my_invitations(call: Call[NoBody, PageQuery]) -> InvitationPage:
-    return await invitations.list_mine(call.ctx.store, call.me, call.query)
+@router.get(
+    "/v1/tenants/{id}/invitations",
+    summary="List a tenant's invitations (its admins; codes are never shown again)",
+    response_model=InvitationPage,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS, 403, 404),
+)
+async def list_tenant_invitations(call: Me, tenant_id: TenantId, query: Page) -> Response:
+    return reply(await invitations.list_for_tenant(call.ctx.store, call.me, tenant_id, query))
 
 
-async def accept_invitation(call: Call[NoBody, NoQuery]) -> Joined:
-    return await invitations.accept(call.ctx.store, call.me, call.path("id"))
+@router.delete(
+    "/v1/tenants/{id}/invitations/{invitation}",
+    summary="Revoke an open invitation (its tenant's admins)",
+    status_code=204,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS, 403, 404),
+)
+async def revoke_invitation(
+    call: Me, tenant_id: TenantId, invitation: Annotated[str, Path()]
+) -> Response:
+    await invitations.revoke(call.ctx.store, call.me, tenant_id, invitation)
+    return no_content()
 
 
-async def redeem_invitation(call: Call[InvitationRedeem, NoQuery]) -> Joined:
-    return await invitations.redeem(call.ctx.store, call.body)
+@router.get(
+    "/v1/invitations",
+    summary="List the open invitations addressed to you",
+    response_model=InvitationPage,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS),
+)
+async def list_my_invitations(call: Me, query: Page) -> Response:
+    return reply(await invitations.list_mine(call.ctx.store, call.me, query))
 
 
-async def list_members(call: Call[NoBody, PageQuery]) -> MemberPage:
-    return await tenants.list_members(call.ctx.store, call.me, call.path("id"), call.query)
+@router.post(
+    "/v1/invitations/{id}/accept",
+    summary="Accept an invitation addressed to you: you join its tenant, with a token of your "
+    "own for it (shown once)",
+    response_model=Joined,
+    status_code=201,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS, 404, 409),
+)
+async def accept_invitation(call: Me, invitation_id: InvitationId) -> Response:
+    return reply(await invitations.accept(call.ctx.store, call.me, invitation_id), 201)
 
 
-OPERATIONS = [
-    Operation("GET", "/v1/me", get_me, "Who this token is: user, tenant, role", "tenants", MeOut),
-    Operation(
-        "POST",
-        "/v1/tenants",
-        create_tenant,
-        "Create a tenant (the operator only)",
-        "tenants",
-        TenantOut,
-        status=201,
-        body=TenantCreate,
-        errors=(403, 409),
-    ),
-    Operation(
-        "GET",
-        "/v1/tenants",
-        list_tenants,
-        "List tenants (the operator sees all; anyone else their own)",
-        "tenants",
-        TenantPage,
-        query=PageQuery,
-    ),
-    Operation(
-        "POST",
-        "/v1/tenants/{id}/invitations",
-        invite,
-        "Invite a user into a tenant (its admins). An existing user accepts it themself; "
-        "a new user redeems the one-time code in this answer. Nobody gets a token for another.",
-        "tenants",
-        InvitationCreated,
-        status=201,
-        body=InvitationCreate,
-        errors=(403, 404, 409),
-    ),
-    Operation(
-        "GET",
-        "/v1/tenants/{id}/invitations",
-        list_tenant_invitations,
-        "List a tenant's invitations (its admins; codes are never shown again)",
-        "tenants",
-        InvitationPage,
-        query=PageQuery,
-        errors=(403, 404),
-    ),
-    Operation(
-        "DELETE",
-        "/v1/tenants/{id}/invitations/{invitation}",
-        revoke_invitation,
-        "Revoke an open invitation (its tenant's admins)",
-        "tenants",
-        status=204,
-        errors=(403, 404),
-    ),
-    Operation(
-        "GET",
-        "/v1/invitations",
-        list_my_invitations,
-        "List the open invitations addressed to you",
-        "tenants",
-        InvitationPage,
-        query=PageQuery,
-    ),
-    Operation(
-        "POST",
-        "/v1/invitations/{id}/accept",
-        accept_invitation,
-        "Accept an invitation addressed to you: you join its tenant, with a token of your own "
-        "for it (shown once)",
-        "tenants",
-        Joined,
-        status=201,
-        errors=(404, 409),
-    ),
-    Operation(
-        "POST",
-        "/v1/invitations/redeem",
-        redeem_invitation,
-        "A new user redeems their one-time invitation code: the user is made, with their first "
-        "token (shown once). No API token needed.",
-        "tenants",
-        Joined,
-        status=201,
-        body=InvitationRedeem,
-        auth=False,
-        errors=(404, 409),
-    ),
-    Operation(
-        "GET",
-        "/v1/tenants/{id}/members",
-        list_members,
-        "List a tenant's members",
-        "tenants",
-        MemberPage,
-        query=PageQuery,
-        errors=(404,),
-    ),
-]
+@router.post(
+    "/v1/invitations/redeem",
+    summary="A new user redeems their one-time invitation code: the user is made, with their "
+    "first token (shown once). No API token needed.",
+    response_model=Joined,
+    status_code=201,
+    responses=errors(*BODY_ERRORS, 404, 409),
+)
+async def redeem_invitation(
+    ctx: Ctx, body: Annotated[InvitationRedeem, Depends(JsonBody(InvitationRedeem))]
+) -> Response:
+    return reply(await invitations.redeem(ctx.store, body), 201)
+
+
+@router.get(
+    "/v1/tenants/{id}/members",
+    summary="List a tenant's members",
+    response_model=MemberPage,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS, 404),
+)
+async def list_members(call: Me, tenant_id: TenantId, query: Page) -> Response:
+    return reply(await tenants.list_members(call.ctx.store, call.me, tenant_id, query))

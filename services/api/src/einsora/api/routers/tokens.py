@@ -2,51 +2,59 @@
 
 from __future__ import annotations
 
-from einsora.api.operation import Call, Operation
-from einsora.api.schemas.common import NoBody, NoQuery, PageQuery
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query
+from starlette.responses import Response
+
+from einsora.api.deps import (
+    AUTH_ERRORS,
+    BODY_ERRORS,
+    PARAM_ERRORS,
+    JsonBody,
+    Me,
+    errors,
+    no_content,
+    operation_id,
+    reply,
+)
+from einsora.api.schemas.common import PageQuery
 from einsora.api.schemas.tokens import TokenCreate, TokenCreated, TokenPage
 from einsora.api.services import tokens
 
-
-async def create_token(call: Call[TokenCreate, NoQuery]) -> TokenCreated:
-    return await tokens.create(call.ctx.store, call.me, call.body)
+router = APIRouter(tags=["tokens"], generate_unique_id_function=operation_id)
 
 
-async def list_tokens(call: Call[NoBody, PageQuery]) -> TokenPage:
-    return await tokens.list_tokens(call.ctx.store, call.me, call.query)
+@router.post(
+    "/v1/tokens",
+    summary="Make an API token (its secret is shown only in this answer)",
+    response_model=TokenCreated,
+    status_code=201,
+    responses=errors(*AUTH_ERRORS, *BODY_ERRORS),
+)
+async def create_token(
+    call: Me, body: Annotated[TokenCreate, Depends(JsonBody(TokenCreate))]
+) -> Response:
+    return reply(await tokens.create(call.ctx.store, call.me, body), 201)
 
 
-async def revoke_token(call: Call[NoBody, NoQuery]) -> None:
-    await tokens.revoke(call.ctx.store, call.me, call.path("id"))
+@router.get(
+    "/v1/tokens",
+    summary="List your API tokens (never their secrets)",
+    response_model=TokenPage,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS),
+)
+async def list_tokens(call: Me, query: Annotated[PageQuery, Query()]) -> Response:
+    return reply(await tokens.list_tokens(call.ctx.store, call.me, query))
 
 
-OPERATIONS = [
-    Operation(
-        "POST",
-        "/v1/tokens",
-        create_token,
-        "Make an API token (its secret is shown only in this answer)",
-        "tokens",
-        response=TokenCreated,
-        status=201,
-        body=TokenCreate,
-    ),
-    Operation(
-        "GET",
-        "/v1/tokens",
-        list_tokens,
-        "List your API tokens (never their secrets)",
-        "tokens",
-        response=TokenPage,
-        query=PageQuery,
-    ),
-    Operation(
-        "DELETE",
-        "/v1/tokens/{id}",
-        revoke_token,
-        "Revoke one of your API tokens, at once",
-        "tokens",
-        status=204,
-        errors=(404,),
-    ),
-]
+@router.delete(
+    "/v1/tokens/{id}",
+    summary="Revoke one of your API tokens, at once",
+    status_code=204,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS, 404),
+)
+async def revoke_token(call: Me, token_id: Annotated[str, Path(alias="id")]) -> Response:
+    await tokens.revoke(call.ctx.store, call.me, token_id)
+    await call.ctx.revoked([token_id])  # refused from the next request on, on every replica
+    return no_content()

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
-import re
+from typing import Annotated
 
+from fastapi import APIRouter, Depends, Header, Path, Query
 from starlette.responses import Response
 
-from einsora.api.errors import field_error
-from einsora.api.operation import Call, HeaderParam, Operation
-from einsora.api.schemas.common import NoBody, NoQuery, PageQuery
+from einsora.api.deps import (
+    AUTH_ERRORS,
+    BODY_ERRORS,
+    PARAM_ERRORS,
+    Call,
+    JsonBody,
+    Launch,
+    Me,
+    Traceparent,
+    errors,
+    operation_id,
+    reply,
+    traceparent_of,
+)
+from einsora.api.schemas.common import PageQuery
 from einsora.api.schemas.workloads import (
     TimelinePage,
     WorkloadCreate,
@@ -19,145 +32,135 @@ from einsora.api.schemas.workloads import (
 from einsora.api.services import timeline, workloads
 from einsora.common.schemas import IntentAction
 
-IDEMPOTENCY_KEY = HeaderParam(
-    "Idempotency-Key",
-    "Retrying a POST with the same key (in the same tenant) returns the first result",
-    r"^[A-Za-z0-9._:-]{1,128}$",
+router = APIRouter(tags=["workloads"], generate_unique_id_function=operation_id)
+
+IDEMPOTENCY_KEY_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description="Retrying a POST with the same key (in the same tenant) returns the first "
+        "result",
+        pattern=IDEMPOTENCY_KEY_PATTERN,
+    ),
+]
+WorkloadId = Annotated[str, Path(alias="id")]
+
+
+@router.post(
+    "/v1/workloads",
+    summary="Launch a workload (answers at once with state `pending`)",
+    response_model=WorkloadOut,
+    status_code=201,
+    responses=errors(*AUTH_ERRORS, *BODY_ERRORS, 409),
 )
-_KEY_RE = re.compile(IDEMPOTENCY_KEY.pattern)
-
-
-async def create_workload(call: Call[WorkloadCreate, NoQuery]) -> Response:
-    key = call.header(IDEMPOTENCY_KEY.name)
-    if key is not None and not _KEY_RE.match(key):
-        raise field_error(IDEMPOTENCY_KEY.name, "1 to 128 letters, digits, '.', '_', ':' or '-'")
-    settings = call.ctx.settings
+async def create_workload(
+    call: Launch,
+    body: Annotated[WorkloadCreate, Depends(JsonBody(WorkloadCreate))],
+    idempotency_key: IdempotencyKey = None,
+    traceparent: Traceparent = None,
+) -> Response:
+    ctx = call.ctx
+    settings = ctx.settings
     out, replayed = await workloads.create(
-        call.ctx.store,
-        call.ctx.catalog,
+        ctx.store,
+        ctx.catalog,
         call.me,
-        call.body,
+        body,
         default_region=settings.region,
         # The api's own region needs no look at every machine (a launch's hot path).
         regions={settings.region}
-        if call.body.region in (None, settings.region)
-        else workloads.known_regions(settings.region, call.ctx.machines.snapshot()),
+        if body.region in (None, settings.region)
+        else workloads.known_regions(settings.region, ctx.machines.snapshot()),
         default_cap=settings.tenant_max_workloads,
         request_id=call.request_id,
-        traceparent=call.traceparent,
-        idempotency_key=key,
+        traceparent=traceparent_of(traceparent),
+        idempotency_key=idempotency_key,
     )
-    headers = {"Idempotent-Replayed": "true"} if replayed else None
-    return Response(
-        out.model_dump_json(), status_code=201, headers=headers, media_type="application/json"
-    )
+    return reply(out, 201, {"Idempotent-Replayed": "true"} if replayed else None)
 
 
-async def list_workloads(call: Call[NoBody, WorkloadListQuery]) -> WorkloadPage:
-    return await workloads.list_workloads(call.ctx.store, call.me, call.query)
+@router.get(
+    "/v1/workloads",
+    summary="List the tenant's workloads, newest first",
+    response_model=WorkloadPage,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS),
+)
+async def list_workloads(call: Me, query: Annotated[WorkloadListQuery, Query()]) -> Response:
+    return reply(await workloads.list_workloads(call.ctx.store, call.me, query))
 
 
-async def get_workload(call: Call[NoBody, NoQuery]) -> WorkloadOut:
-    return await workloads.get(call.ctx.store, call.me, call.path("id"))
+@router.get(
+    "/v1/workloads/{id}",
+    summary="Show a workload, with its placement once placed",
+    response_model=WorkloadOut,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS, 404),
+)
+async def get_workload(call: Me, workload_id: WorkloadId) -> Response:
+    return reply(await workloads.get(call.ctx.store, call.me, workload_id))
 
 
-async def _act(call: Call[NoBody, NoQuery], action: IntentAction) -> WorkloadOut:
-    return await workloads.act(
+async def _act(
+    call: Call, workload_id: str, action: IntentAction, traceparent: str | None
+) -> Response:
+    out = await workloads.act(
         call.ctx.store,
         call.me,
-        call.path("id"),
+        workload_id,
         action,
         request_id=call.request_id,
-        traceparent=call.traceparent,
+        traceparent=traceparent_of(traceparent),
     )
+    return reply(out, 202)
 
 
-async def park_workload(call: Call[NoBody, NoQuery]) -> WorkloadOut:
-    return await _act(call, IntentAction.park)
+@router.post(
+    "/v1/workloads/{id}/park",
+    summary="Park a workload: release its GPUs, keep its disks",
+    response_model=WorkloadOut,
+    status_code=202,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS, 404, 409),
+)
+async def park_workload(
+    call: Me, workload_id: WorkloadId, traceparent: Traceparent = None
+) -> Response:
+    return await _act(call, workload_id, IntentAction.park, traceparent)
 
 
-async def resume_workload(call: Call[NoBody, NoQuery]) -> WorkloadOut:
-    return await _act(call, IntentAction.resume)
+@router.post(
+    "/v1/workloads/{id}/resume",
+    summary="Resume a parked or failed workload",
+    response_model=WorkloadOut,
+    status_code=202,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS, 404, 409),
+)
+async def resume_workload(
+    call: Me, workload_id: WorkloadId, traceparent: Traceparent = None
+) -> Response:
+    return await _act(call, workload_id, IntentAction.resume, traceparent)
 
 
-async def remove_workload(call: Call[NoBody, NoQuery]) -> WorkloadOut:
-    return await _act(call, IntentAction.remove)
+@router.delete(
+    "/v1/workloads/{id}",
+    summary="Remove a workload",
+    response_model=WorkloadOut,
+    status_code=202,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS, 404, 409),
+)
+async def remove_workload(
+    call: Me, workload_id: WorkloadId, traceparent: Traceparent = None
+) -> Response:
+    return await _act(call, workload_id, IntentAction.remove, traceparent)
 
 
-async def list_events(call: Call[NoBody, PageQuery]) -> TimelinePage:
-    return await timeline.list_entries(call.ctx.store, call.me, call.path("id"), call.query)
-
-
-OPERATIONS = [
-    Operation(
-        "POST",
-        "/v1/workloads",
-        create_workload,
-        "Launch a workload (answers at once with state `pending`)",
-        "workloads",
-        WorkloadOut,
-        status=201,
-        body=WorkloadCreate,
-        headers=(IDEMPOTENCY_KEY,),
-        errors=(409,),
-        launch=True,
-    ),
-    Operation(
-        "GET",
-        "/v1/workloads",
-        list_workloads,
-        "List the tenant's workloads, newest first",
-        "workloads",
-        WorkloadPage,
-        query=WorkloadListQuery,
-    ),
-    Operation(
-        "GET",
-        "/v1/workloads/{id}",
-        get_workload,
-        "Show a workload, with its placement once placed",
-        "workloads",
-        WorkloadOut,
-        errors=(404,),
-    ),
-    Operation(
-        "POST",
-        "/v1/workloads/{id}/park",
-        park_workload,
-        "Park a workload: release its GPUs, keep its disks",
-        "workloads",
-        WorkloadOut,
-        status=202,
-        errors=(404, 409),
-    ),
-    Operation(
-        "POST",
-        "/v1/workloads/{id}/resume",
-        resume_workload,
-        "Resume a parked or failed workload",
-        "workloads",
-        WorkloadOut,
-        status=202,
-        errors=(404, 409),
-    ),
-    Operation(
-        "DELETE",
-        "/v1/workloads/{id}",
-        remove_workload,
-        "Remove a workload",
-        "workloads",
-        WorkloadOut,
-        status=202,
-        errors=(404, 409),
-    ),
-    Operation(
-        "GET",
-        "/v1/workloads/{id}/events",
-        list_events,
-        "A workload's timeline, oldest first",
-        "workloads",
-        TimelinePage,
-        query=PageQuery,
-        errors=(404,),
-    ),
-]
+@router.get(
+    "/v1/workloads/{id}/events",
+    summary="A workload's timeline, oldest first",
+    response_model=TimelinePage,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS, 404),
+)
+async def list_events(
+    call: Me, workload_id: WorkloadId, query: Annotated[PageQuery, Query()]
+) -> Response:
+    return reply(await timeline.list_entries(call.ctx.store, call.me, workload_id, query))

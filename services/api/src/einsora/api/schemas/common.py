@@ -86,14 +86,6 @@ class ErrorBody(BaseModel):
     details: list[ErrorDetail] = Field(default_factory=list)
 
 
-class NoQuery(Query):
-    """An operation without query parameters."""
-
-
-class NoBody(RequestBody):
-    """An operation without a request body."""
-
-
 def as_details(errors: list[Any]) -> list[dict[str, Any]]:
     """Pydantic's errors as `details` entries (`field`: the dotted location)."""
     details = []

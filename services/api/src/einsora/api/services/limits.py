@@ -85,14 +85,10 @@ def _limit(name: str, per_minute: int, what: str) -> _Limit | None:
     return _Limit(name, RateLimitItemPerMinute(per_minute), what) if per_minute else None
 
 
-async def workload_cap(conn: AsyncConnection, tenant_id: str, default: int) -> int | None:
+def workload_cap(conn: sa.Connection, tenant_id: str, default: int) -> int | None:
     """The cap on `tenant_id`'s workloads (None: no cap): its own, else `default` (0: none)."""
-    row = (
-        await conn.execute(
-            sa.select(m.tenant_limits.c.max_workloads).where(
-                m.tenant_limits.c.tenant_id == tenant_id
-            )
-        )
+    row = conn.execute(
+        sa.select(m.tenant_limits.c.max_workloads).where(m.tenant_limits.c.tenant_id == tenant_id)
     ).first()
     if row is None:
         return default or None
@@ -113,17 +109,16 @@ async def has_own_cap(store: Store, tenant_id: str) -> bool:
     seen = _caps_seen.get(tenant_id)
     if seen is not None and now - seen[0] < _CAP_SEEN_S:
         return seen[1]
-    async with store.read() as conn:
-        capped = await workload_cap(conn, tenant_id, 0) is not None
+    capped = await store.query(lambda conn: workload_cap(conn, tenant_id, 0) is not None)
     if len(_caps_seen) > 10_000:
         _caps_seen.clear()
     _caps_seen[tenant_id] = (now, capped)
     return capped
 
 
-async def live_workloads(conn: AsyncConnection, tenant_id: str) -> int:
+def live_workloads(conn: sa.Connection, tenant_id: str) -> int:
     """How many of `tenant_id`'s workloads are not removed (what the cap counts)."""
-    count = await conn.scalar(
+    count = conn.scalar(
         sa.select(sa.func.count())
         .select_from(m.workloads)
         .where(
@@ -134,19 +129,17 @@ async def live_workloads(conn: AsyncConnection, tenant_id: str) -> int:
     return int(count or 0)
 
 
-async def check_workload_cap(conn: AsyncConnection, tenant_id: str, default: int) -> None:
+def check_workload_cap(conn: sa.Connection, tenant_id: str, default: int) -> None:
     """Refuse (409) one more workload for `tenant_id` when it is at its cap.
 
     Run it in the write transaction that inserts the workload: the tenant's row is locked first
     (Postgres; SQLite runs one write at a time), so concurrent launches cannot all pass it.
     """
-    await conn.execute(
-        sa.select(m.tenants.c.id).where(m.tenants.c.id == tenant_id).with_for_update()
-    )
-    cap = await workload_cap(conn, tenant_id, default)
+    conn.execute(sa.select(m.tenants.c.id).where(m.tenants.c.id == tenant_id).with_for_update())
+    cap = workload_cap(conn, tenant_id, default)
     if cap is None:
         return
-    count = await live_workloads(conn, tenant_id)
+    count = live_workloads(conn, tenant_id)
     if count >= cap:
         raise Conflict(
             f"this tenant has {count} workloads that are not removed and its cap is {cap}: "
@@ -208,7 +201,7 @@ async def _limits_of(conn: AsyncConnection, tenant_id: str, settings: Settings) 
         max_workloads=row.max_workloads if row else (settings.tenant_max_workloads or None),
         source="tenant" if row else "default",
         updated_at=row.updated_at if row else None,
-        workloads=await live_workloads(conn, tenant_id),
+        workloads=await conn.run_sync(live_workloads, tenant_id),
         requests_per_minute=settings.api_requests_per_minute or None,
         launches_per_minute=settings.api_launches_per_minute or None,
     )

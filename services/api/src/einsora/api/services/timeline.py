@@ -8,6 +8,7 @@ last one applied: an older event that arrives late is kept in the timeline but c
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -92,44 +93,53 @@ def _clean(text: str, limit: int = 64) -> str:
 
 async def apply_event(store: Store, event: WorkloadEvent, request_id: str | None = None) -> bool:
     """Take one workload event into the timeline; False when it changed nothing."""
+    return (await apply_events(store, [(event, request_id)]))[0]
+
+
+async def apply_events(
+    store: Store, events: Sequence[tuple[WorkloadEvent, str | None]]
+) -> list[bool]:
+    """Take workload events (each with the request ID its message carried) into the timeline
+    in one transaction; for each, False when it changed nothing."""
+    return await store.run(lambda conn: [_apply(conn, e, rid) for e, rid in events])
+
+
+def _apply(conn: sa.Connection, event: WorkloadEvent, request_id: str | None) -> bool:
     if not is_id(event.workload_id, "workload") or len(event.event_id) > 64:
         log.warning("event with a malformed id ignored", extra={"event_id": event.event_id[:64]})
         return False
-    async with store.write() as conn:
-        found = (
-            await conn.execute(
-                sa.select(m.workloads.c.tenant_id, m.workloads.c.last_seq)
-                .where(m.workloads.c.id == event.workload_id)
-                .with_for_update()
-            )
-        ).first()
-        if found is None or found.tenant_id != event.tenant_id:
-            log.warning(
-                "event for a workload this api does not have ignored",
-                extra={"workload_id": event.workload_id, "event_id": event.event_id},
-            )
-            return False
-        entry: dict[str, Any] = {
-            "workload_id": event.workload_id,
-            "at": event.at,
-            "kind": event.kind.value,
-            "state": event.state.value,
-            "reason": _clean(event.reason, MAX_REASON),
-            "request_id": _clean(event.request_id or request_id or "") or None,
-            "event_id": event.event_id,
-            "seq": event.seq,
-        }
-        if not await insert_ignore(conn, m.timeline, entry, keys=["event_id"]):
-            return False  # seen before: a redelivery or a republish
-        if event.seq > found.last_seq:
-            changes: dict[str, Any] = {"last_seq": event.seq, "updated_at": utcnow()}
-            if event.kind is EventKind.transition:
-                changes["state"] = event.state.value
-            if event.placement is not None:
-                changes["placed_region"] = _clean(event.placement.region)
-                changes["placed_machine"] = _clean(event.placement.machine)
-                changes["placed_class"] = _clean(event.placement.placed_class)
-            await conn.execute(
-                sa.update(m.workloads).where(m.workloads.c.id == event.workload_id).values(changes)
-            )
+    found = conn.execute(
+        sa.select(m.workloads.c.tenant_id, m.workloads.c.last_seq)
+        .where(m.workloads.c.id == event.workload_id)
+        .with_for_update()
+    ).first()
+    if found is None or found.tenant_id != event.tenant_id:
+        log.warning(
+            "event for a workload this api does not have ignored",
+            extra={"workload_id": event.workload_id, "event_id": event.event_id},
+        )
+        return False
+    entry: dict[str, Any] = {
+        "workload_id": event.workload_id,
+        "at": event.at,
+        "kind": event.kind.value,
+        "state": event.state.value,
+        "reason": _clean(event.reason, MAX_REASON),
+        "request_id": _clean(event.request_id or request_id or "") or None,
+        "event_id": event.event_id,
+        "seq": event.seq,
+    }
+    if not insert_ignore(conn, m.timeline, entry, keys=["event_id"]):
+        return False  # seen before: a redelivery or a republish
+    if event.seq > found.last_seq:
+        changes: dict[str, Any] = {"last_seq": event.seq, "updated_at": utcnow()}
+        if event.kind is EventKind.transition:
+            changes["state"] = event.state.value
+        if event.placement is not None:
+            changes["placed_region"] = _clean(event.placement.region)
+            changes["placed_machine"] = _clean(event.placement.machine)
+            changes["placed_class"] = _clean(event.placement.placed_class)
+        conn.execute(
+            sa.update(m.workloads).where(m.workloads.c.id == event.workload_id).values(changes)
+        )
     return True

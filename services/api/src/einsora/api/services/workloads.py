@@ -25,7 +25,7 @@ from einsora.api import models as m
 from einsora.api.auth import Principal
 from einsora.api.errors import Conflict, NotFound, field_error
 from einsora.api.machines import MachineRecord
-from einsora.api.outbox import enqueue, outbox_row
+from einsora.api.outbox import outbox_row
 from einsora.api.pagination import cursor_str, encode_cursor
 from einsora.api.schemas.workloads import (
     PlacementOut,
@@ -95,6 +95,11 @@ _COLUMNS = (
 )
 
 
+_INSERT_WORKLOAD = sa.insert(m.workloads)
+_INSERT_TIMELINE = sa.insert(m.timeline)
+_INSERT_OUTBOX = sa.insert(m.outbox)
+
+
 def _out(r: Mapping[Any, Any]) -> WorkloadOut:
     placement = None
     if r["placed_machine"] is not None:
@@ -145,15 +150,11 @@ def fingerprint(body: WorkloadCreate) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-async def _replay(
-    conn: AsyncConnection, principal: Principal, key: str, print_: str
-) -> WorkloadOut | None:
-    prior = (
-        await conn.execute(
-            sa.select(m.idempotency_keys.c.fingerprint, m.idempotency_keys.c.workload_id).where(
-                m.idempotency_keys.c.tenant_id == principal.tenant_id,
-                m.idempotency_keys.c.key == key,
-            )
+def _replay(conn: sa.Connection, principal: Principal, key: str, print_: str) -> WorkloadOut | None:
+    prior = conn.execute(
+        sa.select(m.idempotency_keys.c.fingerprint, m.idempotency_keys.c.workload_id).where(
+            m.idempotency_keys.c.tenant_id == principal.tenant_id,
+            m.idempotency_keys.c.key == key,
         )
     ).first()
     if prior is None:
@@ -163,9 +164,7 @@ async def _replay(
             "this Idempotency-Key was used for a different request; use a new key",
             code="idempotency_key_reused",
         )
-    row = (
-        await conn.execute(sa.select(*_COLUMNS).where(m.workloads.c.id == prior.workload_id))
-    ).one()
+    row = conn.execute(sa.select(*_COLUMNS).where(m.workloads.c.id == prior.workload_id)).one()
     return _out(row._mapping)
 
 
@@ -213,50 +212,46 @@ async def create(
         workload_id, WorkloadState.pending, f"created by {principal.username}", request_id, now
     )
     outbox = outbox_row(intent, request_id=request_id, traceparent=traceparent)
-    capped = default_cap > 0 or await _has_cap(store, principal.tenant_id)
-    if not idempotency_key and not capped:
-        # Inserts only: committed together with other launches waiting now (group commit).
-        await store.inserts.insert([(m.workloads, row), (m.timeline, entry), (m.outbox, outbox)])
-        store.outbox_written.set()
-        return _out(row), False
-    try:
-        async with store.write() as conn:
-            if idempotency_key:
-                prior = await _replay(conn, principal, idempotency_key, print_)
-                if prior is not None:
-                    return prior, True
-            if capped:
-                # Counted in the transaction that inserts: concurrent launches cannot all pass.
-                await check_workload_cap(conn, principal.tenant_id, default_cap)
-            await conn.execute(sa.insert(m.workloads).values(row))
-            await conn.execute(sa.insert(m.timeline).values(entry))
-            await conn.execute(sa.insert(m.outbox).values(outbox))
-            if idempotency_key:
-                await conn.execute(
-                    sa.insert(m.idempotency_keys).values(
-                        tenant_id=principal.tenant_id,
-                        key=idempotency_key,
-                        fingerprint=print_,
-                        workload_id=workload_id,
-                        created_at=now,
-                    )
+    capped = default_cap > 0 or await has_own_cap(store, principal.tenant_id)
+
+    def insert(conn: sa.Connection) -> WorkloadOut | None:
+        """The launch's one transaction (shared with concurrent ones): None when inserted."""
+        if idempotency_key:
+            prior = _replay(conn, principal, idempotency_key, print_)
+            if prior is not None:
+                return prior
+        if capped:
+            # Counted in the transaction that inserts: concurrent launches cannot all pass.
+            check_workload_cap(conn, principal.tenant_id, default_cap)
+        # Statements built once, parameters apart: SQLAlchemy compiles each only once.
+        conn.execute(_INSERT_WORKLOAD, row)
+        conn.execute(_INSERT_TIMELINE, entry)
+        conn.execute(_INSERT_OUTBOX, outbox)
+        if idempotency_key:
+            conn.execute(
+                sa.insert(m.idempotency_keys).values(
+                    tenant_id=principal.tenant_id,
+                    key=idempotency_key,
+                    fingerprint=print_,
+                    workload_id=workload_id,
+                    created_at=now,
                 )
+            )
+        return None
+
+    try:
+        prior = await store.run(insert)
     except IntegrityError:
         if not idempotency_key:
             raise
         # The same key committed by a concurrent request (Postgres): answer with its result.
-        async with store.read() as conn:
-            prior = await _replay(conn, principal, idempotency_key, print_)
+        prior = await store.query(lambda conn: _replay(conn, principal, idempotency_key, print_))
         if prior is None:
             raise
+    if prior is not None:
         return prior, True
     store.outbox_written.set()
     return _out(row), False
-
-
-async def _has_cap(store: Store, tenant_id: str) -> bool:
-    """Whether the operator set a cap for this tenant (when the settings set no default)."""
-    return await has_own_cap(store, tenant_id)
 
 
 def _entry(
@@ -292,47 +287,42 @@ async def act(
     """Park, resume or remove a workload: its new state, or 404/409."""
     if not is_id(workload_id, "workload"):
         raise NotFound(f"no workload {workload_id!r}")
-    async with store.write() as conn:
-        found = (
-            await conn.execute(
-                sa.select(*_COLUMNS)
-                .where(
-                    m.workloads.c.id == workload_id, m.workloads.c.tenant_id == principal.tenant_id
-                )
-                .with_for_update()
-            )
+    reason = _ACTION_REASONS[action].format(principal.username)
+
+    def record(conn: sa.Connection) -> WorkloadOut:
+        found = conn.execute(
+            sa.select(*_COLUMNS)
+            .where(m.workloads.c.id == workload_id, m.workloads.c.tenant_id == principal.tenant_id)
+            .with_for_update()
         ).first()
         if found is None:
             raise NotFound(f"no workload {workload_id!r}")
         target = next_state(action, WorkloadState(found.state))
         now = utcnow()
-        await conn.execute(
+        conn.execute(
             sa.update(m.workloads)
             .where(m.workloads.c.id == workload_id)
             .values(state=target.value, updated_at=now)
         )
-        reason = _ACTION_REASONS[action].format(principal.username)
-        await conn.execute(
-            sa.insert(m.timeline).values(_entry(workload_id, target, reason, request_id, now))
+        conn.execute(_INSERT_TIMELINE, _entry(workload_id, target, reason, request_id, now))
+        intent = _intent(action, found._mapping)
+        conn.execute(
+            _INSERT_OUTBOX, outbox_row(intent, request_id=request_id, traceparent=traceparent)
         )
-        await enqueue(
-            conn, _intent(action, found._mapping), request_id=request_id, traceparent=traceparent
-        )
+        return _out({**found._mapping, "state": target.value, "updated_at": now})
+
+    out = await store.run(record)
     store.outbox_written.set()
-    return _out({**found._mapping, "state": target.value, "updated_at": now})
+    return out
 
 
 async def get(store: Store, principal: Principal, workload_id: str) -> WorkloadOut:
     if not is_id(workload_id, "workload"):
         raise NotFound(f"no workload {workload_id!r}")
-    async with store.read() as conn:
-        row = (
-            await conn.execute(
-                sa.select(*_COLUMNS).where(
-                    m.workloads.c.id == workload_id, m.workloads.c.tenant_id == principal.tenant_id
-                )
-            )
-        ).first()
+    stmt = sa.select(*_COLUMNS).where(
+        m.workloads.c.id == workload_id, m.workloads.c.tenant_id == principal.tenant_id
+    )
+    row = await store.query(lambda conn: conn.execute(stmt).first())
     if row is None:
         raise NotFound(f"no workload {workload_id!r}")
     return _out(row._mapping)
@@ -351,8 +341,7 @@ async def list_workloads(
     if before is not None:
         stmt = stmt.where(m.workloads.c.id < before)
     stmt = stmt.order_by(m.workloads.c.id.desc()).limit(query.limit + 1)
-    async with store.read() as conn:
-        rows = (await conn.execute(stmt)).all()
+    rows = await store.query(lambda conn: conn.execute(stmt).all())
     items = [_out(r._mapping) for r in rows[: query.limit]]
     more = len(rows) > query.limit
     return WorkloadPage(items=items, next_cursor=encode_cursor(items[-1].id) if more else None)
