@@ -49,11 +49,18 @@ _locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.L
 )
 
 
-def _file_lock(url: str) -> asyncio.Lock:
+def _lock_key(url: str) -> str:
+    """Which file a SQLite URL writes (one lock per file, whatever spelling reaches it)."""
     database = make_url(url).database or ""
-    key = str(Path(database).resolve()) if database not in ("", ":memory:") else url
+    return str(Path(database).resolve()) if database not in ("", ":memory:") else url
+
+
+def _file_lock(key: str) -> asyncio.Lock:
     by_file = _locks.setdefault(asyncio.get_running_loop(), {})
-    return by_file.setdefault(key, asyncio.Lock())
+    lock = by_file.get(key)
+    if lock is None:
+        lock = by_file[key] = asyncio.Lock()
+    return lock
 
 
 class Database:
@@ -62,6 +69,7 @@ class Database:
     def __init__(self, url: str, *, reader_threads: int = 4, **engine_options: Any) -> None:
         self.url = url
         self.sqlite = is_sqlite(url)
+        self._lock_key = _lock_key(url) if self.sqlite else url
         if self.sqlite:
             # No transaction is ever left open on a returned connection (reads run without one,
             # writes commit or roll back), so resetting each connection is a wasted round trip.
@@ -92,7 +100,7 @@ class Database:
             async with self.engine.begin() as conn:
                 yield conn
             return
-        async with _file_lock(self.url), self.engine.connect() as conn:
+        async with _file_lock(self._lock_key), self.engine.connect() as conn:
             await conn.execution_options(**{_WRITE: True})
             async with conn.begin():
                 yield conn
@@ -139,8 +147,10 @@ def _sqlite_units(url: str, reader_threads: int) -> tuple[SqliteWriterThread, Sq
     """The unit writer and readers of a SQLite file: synchronous connections on threads of
     their own, with the same PRAGMAs and transaction policy as the async engine's."""
 
+    key = _lock_key(url)
+
     def lock() -> asyncio.Lock:
-        return _file_lock(url)
+        return _file_lock(key)
 
     writes = sync_sqlite_engine(url, pool_size=1, on_connect=on_sqlite_connect)
     _explicit_sqlite_transactions(writes)

@@ -7,6 +7,7 @@ last one applied: an older event that arrives late is kept in the timeline but c
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from datetime import datetime
@@ -108,11 +109,7 @@ def _apply(conn: sa.Connection, event: WorkloadEvent, request_id: str | None) ->
     if not is_id(event.workload_id, "workload") or len(event.event_id) > 64:
         log.warning("event with a malformed id ignored", extra={"event_id": event.event_id[:64]})
         return False
-    found = conn.execute(
-        sa.select(m.workloads.c.tenant_id, m.workloads.c.last_seq)
-        .where(m.workloads.c.id == event.workload_id)
-        .with_for_update()
-    ).first()
+    found = conn.execute(_WORKLOAD_OF_EVENT, {"b_id": event.workload_id}).first()
     if found is None or found.tenant_id != event.tenant_id:
         log.warning(
             "event for a workload this api does not have ignored",
@@ -139,7 +136,24 @@ def _apply(conn: sa.Connection, event: WorkloadEvent, request_id: str | None) ->
             changes["placed_region"] = _clean(event.placement.region)
             changes["placed_machine"] = _clean(event.placement.machine)
             changes["placed_class"] = _clean(event.placement.placed_class)
-        conn.execute(
-            sa.update(m.workloads).where(m.workloads.c.id == event.workload_id).values(changes)
-        )
+        conn.execute(_update_for(tuple(changes)), {"b_id": event.workload_id, **changes})
     return True
+
+
+# Statements built once, parameters apart, so SQLAlchemy compiles each only once: the timeline
+# takes a few events per launch.
+_WORKLOAD_OF_EVENT = (
+    sa.select(m.workloads.c.tenant_id, m.workloads.c.last_seq)
+    .where(m.workloads.c.id == sa.bindparam("b_id"))
+    .with_for_update()
+)
+
+
+@functools.cache
+def _update_for(columns: tuple[str, ...]) -> sa.Update:
+    """The update of these columns of one workload (a handful of combinations in all)."""
+    return (
+        sa.update(m.workloads)
+        .where(m.workloads.c.id == sa.bindparam("b_id"))
+        .values({c: sa.bindparam(c) for c in columns})
+    )
