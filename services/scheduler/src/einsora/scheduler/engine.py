@@ -140,6 +140,7 @@ class Engine:
         )
         self.reader.forget_reports()
         self.projector.events = list(snapshot.outbox)
+        self.projector.writing.clear()  # no projection is in flight at a (re)load
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"scheduler engine {self.region}")

@@ -133,28 +133,26 @@ class Projector:
         """Send `projection`'s desired states, and once they are stored its events and routes
         (each after `after`'s, so every key's writes stay in order). What failed goes back to
         pending; raises ProjectionFailed if anything did."""
-        if after is not None:
-            await after.desired_sent.wait()
         try:
+            if after is not None:
+                await after.desired_sent.wait()
             desired = await self._send(
                 (names.MACHINES.key_subject(names.desired_key(m)), payload, None)
                 for m, _, payload in projection.desired
             )
-        finally:
             projection.desired_sent.set()
-        acks = await self._settle(desired)
-        acks += [TimeoutError("not sent")] * (len(projection.desired) - len(acks))
-        rest: list[asyncio.Future[PubAck]] = []
-        if all(isinstance(a, PubAck) for a in acks):
-            # The timeline promises what the agent can see: events only after desired states.
-            if after is not None:
-                await after.events_sent.wait()
-            try:
+            acks = await self._settle(desired)
+            acks += [TimeoutError("not sent")] * (len(projection.desired) - len(acks))
+            if all(isinstance(a, PubAck) for a in acks):
+                # The timeline promises what the agent can see: events after desired states.
+                if after is not None:
+                    await after.events_sent.wait()
                 rest = await self._send(self._events_and_routes(projection))
-            finally:
                 projection.events_sent.set()
-            acks += await self._settle(rest)
-        else:
+                acks += await self._settle(rest)
+        finally:
+            # Whatever happened, the next projection must not wait on this one for ever.
+            projection.desired_sent.set()
             projection.events_sent.set()
         acks += [TimeoutError("not sent")] * (projection.size - len(acks))
         self._settled(projection, acks)
@@ -201,12 +199,15 @@ class Projector:
             else:
                 failed += 1
                 self.dirty.add(machine_id)  # rewritten from the book by a later projection
+        unsent: list[OutboxEvent] = []
         for e, ack in zip(projection.events, acks[n_desired : n_desired + n_events], strict=True):
             if isinstance(ack, PubAck):
                 self.published.append(e.event.event_id)
             else:
-                failed += 1
-                self.events.append(e)
+                unsent.append(e)
+        # Before what later cycles queued meanwhile, so each workload's events keep their order.
+        self.events[:0] = unsent
+        failed += len(unsent)
         route_acks = acks[n_desired + n_events :]
         for (workload_id, route), ack in zip(projection.routes.items(), route_acks, strict=True):
             if not isinstance(ack, PubAck):
