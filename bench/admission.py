@@ -48,9 +48,8 @@ from _admission_seams import (
     KvSimMachines,
     Launcher,
 )
+from _bus_figures import durable_write_ceiling, stored_messages, until_digested
 from _harness import DEFAULT_POSTGRES, fresh_postgres, load, report, summary_ms
-from nats.js import JetStreamContext
-from nats.js.api import StreamConfig
 
 from einsora.common.bus import connect, names, provision
 from einsora.common.embedded_nats import EmbeddedNats
@@ -129,51 +128,6 @@ async def _api_launcher(
     return ApiLauncher(base, token_file.read_text().strip())
 
 
-CEILING_PUBLISHES = 5000
-
-
-async def _durable_write_ceiling(js: JetStreamContext) -> float:
-    """Pipelined publishes per second that nats-server stores and acks (each one fsynced)."""
-    stream = "BENCH_CEILING"
-    await js.add_stream(StreamConfig(name=stream, subjects=["bench.ceiling"]))
-    try:
-        payload = b"x" * 300  # about an intent's size
-        t0 = time.perf_counter()
-        futures = [
-            await js.publish_async("bench.ceiling", payload) for _ in range(CEILING_PUBLISHES)
-        ]
-        await asyncio.gather(*futures)
-        return CEILING_PUBLISHES / (time.perf_counter() - t0)
-    finally:
-        await js.delete_stream(stream)
-
-
-async def _stored_messages(js: JetStreamContext) -> int:
-    """Messages every stream has stored so far (KV buckets are streams too)."""
-    total = 0
-    for info in await js.streams_info():
-        total += info.state.last_seq
-    return total
-
-
-async def _digested(js: JetStreamContext) -> bool:
-    """True when no durable consumer has anything left to deliver or to be acked."""
-    for info in await js.streams_info():
-        for consumer in await js.consumers_info(info.config.name or ""):
-            if consumer.num_pending or consumer.num_ack_pending:
-                return False
-    return True
-
-
-async def _until_digested(js: JetStreamContext, within_s: float = 120) -> None:
-    deadline = time.monotonic() + within_s
-    while not await _digested(js):
-        if time.monotonic() > deadline:
-            raise TimeoutError("the burst was not digested in time")
-        await asyncio.sleep(0.2)
-    await asyncio.sleep(1.0)  # the outbox relay and the timeline's last commits
-
-
 async def _launch_all(launcher: Launcher, count: int, rate: float | None = None) -> list[str]:
     """Launch `count` workloads (at `rate` per second if given); the ids that were accepted."""
     before = set(launcher.launched)
@@ -200,7 +154,7 @@ async def run(
     with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats", port=0) as server:
         nc = await connect(server.url, name="bench-admission")
         js = nc.jetstream()
-        ceiling = await _durable_write_ceiling(js)
+        ceiling = await durable_write_ceiling(js)
         await provision(js)
         kv = await js.key_value(names.MACHINES.name)
         observer: DesiredObserver = KvObserver(kv, "desired")
@@ -243,7 +197,7 @@ async def run(
             burst_lat: dict[str, float | None] = {"p50": None, "p99": None}
             writes = 0
             if burst:
-                stored0 = await _stored_messages(js)
+                stored0 = await stored_messages(js)
                 cpu0 = _cpu_seconds(scheduler.pid)
                 start = time.perf_counter()
                 ids = await _launch_all(launcher, burst)
@@ -251,8 +205,8 @@ async def run(
                 burst_s = max(observer.seen[w] for w in ids) - start
                 burst_cpu = _cpu_seconds(scheduler.pid) - cpu0
                 burst_lat = {**summary_ms([observer.seen[w] - launcher.launched[w] for w in ids])}
-                await _until_digested(js)
-                writes = await _stored_messages(js) - stored0
+                await until_digested(js)
+                writes = await stored_messages(js) - stored0
             if agent:
                 # Watching every observed key parses each agent's complete state: on 2 cores
                 # that would take CPU from the system measured, so only the paced phase does.

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import shutil
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -18,7 +17,7 @@ from nats.js.kv import KeyValue
 
 from einsora.common.bus import KvMirror, connect, names
 from einsora.common.embedded_nats import EmbeddedNats
-from einsora.common.testing import Bus
+from einsora.common.testing import Bus, until
 
 # A bucket of the test's own, made as any KV client makes one (rollups allowed, so that
 # `kv.purge` works; Einsora's own buckets refuse rollups).
@@ -46,14 +45,6 @@ class Copy:
 
     def on_synced(self) -> None:
         self.synced += 1
-
-
-async def _until(condition: Callable[[], bool], within_s: float = 15.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 @dataclass
@@ -130,14 +121,14 @@ async def test_puts_deletes_and_purges_are_delivered(fresh: Bus, mirrors: list[K
 
     await m.kv.put("a", b"1")
     await m.kv.put("b", b"2")
-    await _until(lambda: m.copy.values == {"a": b"1", "b": b"2"})
+    await until(lambda: m.copy.values == {"a": b"1", "b": b"2"})
     await m.kv.put("a", b"changed")
-    await _until(lambda: m.copy.values.get("a") == b"changed")
+    await until(lambda: m.copy.values.get("a") == b"changed")
 
     await m.kv.delete("a")
-    await _until(lambda: "a" in m.copy.deleted)
+    await until(lambda: "a" in m.copy.deleted)
     await m.kv.purge("b")
-    await _until(lambda: "b" in m.copy.deleted)
+    await until(lambda: "b" in m.copy.deleted)
     assert m.copy.values == {}
     assert m.mirror.keys() == set()
 
@@ -149,7 +140,7 @@ async def test_only_the_keys_asked_for_are_mirrored(fresh: Bus, mirrors: list[Kv
     m = await _mirror(fresh.nc, fresh.js, mirrors, keys=("*.inventory",))
     await kv.put("m-2.inventory", b"j")
     await kv.put("m-2.desired", b"e")
-    await _until(lambda: "m-2.inventory" in m.copy.values)
+    await until(lambda: "m-2.inventory" in m.copy.values)
     assert set(m.copy.values) == {"m-1.inventory", "m-2.inventory"}
 
 
@@ -169,7 +160,7 @@ async def test_a_failing_callback_does_not_stop_the_mirror(
     kv = await fresh.js.key_value(BUCKET.name)
     await kv.put("bad", b"1")
     await kv.put("good", b"2")
-    await _until(lambda: "good" in copy.values)
+    await until(lambda: "good" in copy.values)
 
 
 @pytest.mark.parametrize("store", ["kept", "lost"])
@@ -190,12 +181,12 @@ async def test_the_mirror_follows_the_bucket_across_a_server_restart(
         shutil.rmtree(own_nats_server.data_dir / "jetstream")
     own_nats_server.start()
     # The mirror re-reads after the reconnect (and provisions the bucket a lost store lacks).
-    await _until(lambda: m.copy.synced >= 2)
+    await until(lambda: m.copy.synced >= 2)
     kv = await js.key_value(BUCKET.name)
     await kv.put("after", b"3")
-    await _until(lambda: "after" in m.copy.values)
+    await until(lambda: "after" in m.copy.values)
     await kv.delete("after")
-    await _until(lambda: "after" in m.copy.deleted)
+    await until(lambda: "after" in m.copy.deleted)
 
     if store == "lost":
         # Every key the restarted server no longer has is delivered as a deletion.
@@ -216,8 +207,8 @@ async def test_the_audit_repairs_a_change_the_watch_missed(
     # Purging a subject from the stream (an operator's repair, a limit) sends no delete
     # marker: a watch never hears of it; only a re-read does.
     await fresh.js.purge_stream(BUCKET.stream, subject=BUCKET.key_subject("a"))
-    await _until(lambda: "a" in m.copy.deleted)
+    await until(lambda: "a" in m.copy.deleted)
     assert m.copy.values == {"b": b"2"}
     # The mirror keeps following after its audit.
     await kv.put("c", b"3")
-    await _until(lambda: m.copy.values.get("c") == b"3")
+    await until(lambda: m.copy.values.get("c") == b"3")

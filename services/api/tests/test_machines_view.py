@@ -6,9 +6,7 @@ machines the server no longer has nor miss the inventories written since.
 
 from __future__ import annotations
 
-import asyncio
 import shutil
-from collections.abc import Callable
 
 import nats.errors
 
@@ -16,6 +14,7 @@ from einsora.api.machines import MachinesView
 from einsora.common.bus import connect, names, provision
 from einsora.common.embedded_nats import EmbeddedNats
 from einsora.common.schemas import Inventory
+from einsora.common.testing import until
 
 
 def _inventory(machine: str) -> Inventory:
@@ -30,14 +29,6 @@ def _inventory(machine: str) -> Inventory:
         gpus=[],
         drivers=["sim"],
     )
-
-
-async def _until(condition: Callable[[], bool], within_s: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 async def test_the_view_follows_the_bucket_across_a_restart_that_lost_the_store(
@@ -67,7 +58,7 @@ async def test_the_view_follows_the_bucket_across_a_restart_that_lost_the_store(
         kv = await js.key_value(names.MACHINES.name)
         await kv.put(names.inventory_key("m-new"), _inventory("m-new").to_bytes())
 
-        await _until(lambda: [r.machine_id for r in view.snapshot()] == ["m-new"])
+        await until(lambda: [r.machine_id for r in view.snapshot()] == ["m-new"], within_s=20)
     finally:
         await view.stop()
         await nc.close()

@@ -21,7 +21,7 @@ from einsora.common.bus import names
 from einsora.common.ids import new_id
 from einsora.common.schemas import Route, WorkloadKind
 from einsora.common.settings import Settings
-from einsora.common.testing import Bus
+from einsora.common.testing import Bus, until
 from einsora.proxy import ProxyService
 
 TOKEN = "upstream-token-" + "x" * 24
@@ -139,7 +139,7 @@ async def harness(bus: Bus, data_dir: object) -> AsyncIterator[Harness]:
         token=TOKEN,
     )
     await kv.put(names.route_key(workload_id), route.to_bytes())
-    await _until(lambda: _has_route(proxy, workload_id))
+    await until(lambda: _has_route(proxy, workload_id), within_s=5)
     cookie = proxy.sessions.create(workload_id, "t-1", "u-1")
     async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as http:
         yield Harness(proxy, workload_id, cookie, http, bus)
@@ -149,14 +149,6 @@ async def harness(bus: Bus, data_dir: object) -> AsyncIterator[Harness]:
 
 def _has_route(proxy: ProxyService, workload_id: str) -> bool:
     return proxy.route(workload_id) is not None
-
-
-async def _until(condition: object, within_s: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not condition():  # type: ignore[operator]
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError("condition not met in time")
-        await asyncio.sleep(0.01)
 
 
 async def test_requests_reach_the_workload_with_its_token_and_without_ours(h: Harness) -> None:
@@ -183,7 +175,7 @@ async def test_a_cookie_of_one_site_does_not_open_another(h: Harness) -> None:
     route = h.proxy.route(h.workload_id)
     assert route is not None
     await kv.put(names.route_key(other), route.model_copy(update={"workload_id": other}).to_bytes())
-    await _until(lambda: _has_route(h.proxy, other))
+    await until(lambda: _has_route(h.proxy, other), within_s=5)
     headers = h.headers()
     headers["Host"] = f"{other}.localhost:{h.proxy.port}"
     async with h.http.get(f"{h.base}/api/x", headers=headers) as resp:

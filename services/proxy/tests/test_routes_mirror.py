@@ -8,10 +8,9 @@ ticket would (ticket redemption is tested with the api in tests/test_access.py).
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from einsora.common.embedded_nats import EmbeddedNats
 from einsora.common.ids import new_id
 from einsora.common.schemas import Route, WorkloadKind
 from einsora.common.settings import Settings
+from einsora.common.testing import until
 from einsora.proxy import ProxyService
 
 
@@ -35,14 +35,6 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-async def _until(condition: Callable[[], bool], within_s: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 @dataclass
@@ -116,7 +108,7 @@ async def test_the_route_table_survives_a_nats_restart(
     proxy = setup.proxy
     before = new_id("workload")
     await setup.put_route(before)
-    await _until(lambda: proxy.route(before) is not None)
+    await until(lambda: proxy.route(before) is not None, within_s=20)
     before_cookie = proxy.sessions.create(before, "t-1", "u-1")
     assert await setup.status(before, before_cookie) == 200
 
@@ -127,15 +119,15 @@ async def test_the_route_table_survives_a_nats_restart(
 
     # A route written after the restart is served.
     after = new_id("workload")
-    await _until(lambda: setup.nc.is_connected)
+    await until(lambda: setup.nc.is_connected, within_s=20)
     await setup.put_route(after)
-    await _until(lambda: proxy.route(after) is not None)
+    await until(lambda: proxy.route(after) is not None, within_s=20)
     after_cookie = proxy.sessions.create(after, "t-1", "u-1")
     assert await setup.status(after, after_cookie) == 200
 
     # A route deleted after the restart ends its sessions.
     await setup.delete_route(after)
-    await _until(lambda: proxy.route(after) is None)
+    await until(lambda: proxy.route(after) is None, within_s=20)
     assert proxy.sessions.get(after_cookie, after) is None
     assert await setup.status(after, after_cookie) == 404
 

@@ -7,9 +7,10 @@ test can stop, kill and restart; a fresh SQLite file per test. Postgres fixtures
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,3 +107,14 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(extra)
     return env
+
+
+async def until(condition: Callable[[], object], within_s: float = 15.0, what: str = "") -> None:
+    """Wait until `condition()` is truthy, for state with no event to wait on (a mirror fed
+    by the bus, say): re-checked every 20 ms, an AssertionError after `within_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"not true within {within_s} s: {what or condition}")
+        await asyncio.sleep(0.02)

@@ -159,7 +159,7 @@ class VerifiedTokens:
 async def authenticate(
     store: Store,
     authorization: str | None,
-    cache: VerifiedTokens | None = None,
+    cache: VerifiedTokens,
     *,
     now: datetime | None = None,
 ) -> Principal:
@@ -171,18 +171,16 @@ async def authenticate(
     if match is None:
         raise Unauthenticated("malformed Authorization header: expected `Bearer tsk_…`")
     digest = secret_hash(match[1])
-    verified = cache.get(digest) if cache is not None else None
+    verified = cache.get(digest)
     if verified is None:
         verified = await _look_up(store, digest)
-        if cache is not None:
-            cache.remember(digest, verified)
+        cache.remember(digest, verified)
     now = now or utcnow()
     if verified.expires_at is not None and verified.expires_at <= now:
         raise Unauthenticated(f"this API token expired at {verified.expires_at.isoformat()}")
     if verified.last_used_at is None or now - verified.last_used_at >= LAST_USED_RESOLUTION:
         await _touch(store, verified.principal.token_id, now)
-        if cache is not None:
-            cache.remember(digest, replace(verified, last_used_at=now))
+        cache.remember(digest, replace(verified, last_used_at=now))
     return verified.principal
 
 

@@ -29,9 +29,9 @@ log = logging.getLogger("einsora.api.revocations")
 class Revocations:
     """Announces this replica's revocations and applies the other replicas'."""
 
-    def __init__(self, tokens: VerifiedTokens, nc: NATS | None = None) -> None:
+    def __init__(self, tokens: VerifiedTokens) -> None:
         self._tokens = tokens
-        self._nc = nc
+        self._nc: NATS | None = None
         self._sub: Subscription | None = None
         self._watch: asyncio.Task[None] | None = None
 

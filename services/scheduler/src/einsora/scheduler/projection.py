@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
-from nats.js.kv import KeyValue
 
 from einsora.common.bus import message_headers, names
 from einsora.common.errors import EinsoraError
@@ -66,11 +65,8 @@ class Projection:
 class Projector:
     """Pending projections and how to write them."""
 
-    def __init__(
-        self, js: JetStreamContext, routes: KeyValue, *, publish_timeout_s: float = 5.0
-    ) -> None:
+    def __init__(self, js: JetStreamContext, *, publish_timeout_s: float = 5.0) -> None:
         self._js = js
-        self._routes = routes
         self._timeout = publish_timeout_s
         self.dirty: set[str] = set()
         """Machines whose desired state in KV may lag the store."""

@@ -118,7 +118,7 @@ class SchedulerService:
         await self._store.migrate()
         await self._store.forget_old_intents()
         routes = await js.key_value(names.ROUTES.name)
-        projector = Projector(js, routes, publish_timeout_s=self._publish_timeout_s)
+        projector = Projector(js, publish_timeout_s=self._publish_timeout_s)
         engine = Engine(
             self.region,
             self.catalog,
