@@ -11,11 +11,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.einsora-setup
 PACKAGE_FILES := pyproject.toml $(wildcard uv.lock) $(wildcard libs/*/pyproject.toml services/*/pyproject.toml cli/pyproject.toml)
 
-.PHONY: help setup run test lint bench clean
+.PHONY: help setup run test test-llamacpp lint bench clean
 
 help:
 	@echo "make run    set up, then start Einsora Solo on this machine"
 	@echo "make test   set up, then run the whole test suite"
+	@echo "make test-llamacpp  the real llama.cpp tier (compiles llama-cpp-python once, ~5 min)"
 	@echo "make lint   ruff, mypy (strict) and import-linter"
 	@echo "make bench  run every benchmark in bench/"
 
@@ -35,6 +36,13 @@ run: setup
 test: setup
 	bash scripts/test-deps.sh
 	$(BIN)/pytest
+
+# llama-cpp-python compiles from source (~5 min on 2 cores, once: uv caches the wheel). The
+# default set is restored after, so `make test` stays as it is.
+test-llamacpp: setup
+	$(UV) sync --all-packages --extra llamacpp --group llamacpp --quiet
+	$(BIN)/pytest -m llamacpp tests/test_llamacpp.py; status=$$?; \
+	  $(UV) sync --all-packages --quiet; exit $$status
 
 lint: setup
 	$(BIN)/ruff check .

@@ -50,6 +50,7 @@ def one_run() -> tuple[float, float]:
             "EINSORA_DATA_DIR": tmp,
             "EINSORA_API_PORT": str(api_port),
             "EINSORA_PROXY_PORT": str(free_port()),
+            "EINSORA_GATEWAY_PORT": str(free_port()),
             "EINSORA_NATS_PORT": str(free_port()),
         }
         t0 = time.perf_counter()

@@ -51,6 +51,7 @@ async def start_plane(tmp_path: Path) -> AsyncIterator[StartPlane]:
             "data_dir": tmp_path / f"plane{len(planes)}",
             "api_port": 0,
             "proxy_port": 0,
+            "gateway_port": 0,
             "nats_port": 0,
             "log_format": "text",
             **(settings or {}),

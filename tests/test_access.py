@@ -82,6 +82,7 @@ async def sites(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Sites
         data_dir=tmp_path_factory.mktemp("access"),
         api_port=0,
         proxy_port=0,
+        gateway_port=0,
         nats_port=0,
         log_format="text",
     )

@@ -19,6 +19,7 @@ class Victim:
     parked_id: str
     token_id: str
     invitation_id: str
+    gateway_key_id: str
     client: Client
 
 
@@ -38,6 +39,8 @@ ATTEMPTS: list[tuple[str, str, str, object]] = [
     ("GET", "/v1/tenants/{id}/limits", "tenant_id", None),
     ("PUT", "/v1/tenants/{id}/limits", "tenant_id", {"max_workloads": 1}),
     ("POST", "/v1/invitations/{id}/accept", "invitation_id", None),
+    ("GET", "/v1/gateway/keys/{id}", "gateway_key_id", None),
+    ("DELETE", "/v1/gateway/keys/{id}", "gateway_key_id", None),
 ]
 
 
@@ -56,6 +59,7 @@ async def _victim(api: RunningApi) -> Victim:
     running = await client.post("/v1/workloads", {"kind": "notebook", "class": "cpu-1c-2g"})
     parked = await client.post("/v1/workloads", {"kind": "vm", "class": "cpu-2c-4g"})
     token = await client.post("/v1/tokens", {"name": "victim's"})
+    gateway_key = await client.post("/v1/gateway/keys", {"name": "victim's"})
     # An open invitation of the victim's tenant, to an existing user who is not the intruder.
     invitation = await client.post(f"/v1/tenants/{tenant_id}/invitations", {"username": "owner"})
     assert api.service.store is not None
@@ -70,6 +74,7 @@ async def _victim(api: RunningApi) -> Victim:
         parked.body["id"],
         token.body["id"],
         invitation.body["id"],
+        gateway_key.body["id"],
         client,
     )
 

@@ -206,3 +206,41 @@ def test_without_a_machine_owner_weak_machines_take_nobody() -> None:
     workload = _workload("cpu-2c-4g")
     assert _admit(book, workload) is None
     assert "no tenant" in workload.reason
+
+
+def _endpoint(name: str, runtime: str, replicas: int = 1, age_s: float = 0) -> Workload:
+    workload = _workload("cpu-2c-4g", 1, age_s)
+    workload.workload_id = f"w-{name}-{age_s}"
+    workload.kind = WorkloadKind.endpoint
+    workload.name = name
+    workload.spec = {"model": "/models/m.gguf", "runtime": runtime, "replicas": replicas}
+    return workload
+
+
+def test_a_machine_without_the_runtime_is_unfit_and_the_note_says_so() -> None:
+    plain = _inventory("m-plain")
+    served = _inventory("m-llama").model_copy(update={"runtimes": ["command", "llamacpp"]})
+    book = _book(plain)
+    waiting = _endpoint("chat", "llamacpp")
+    assert _admit(book, waiting) is None
+    assert "can serve the llamacpp runtime" in waiting.reason
+    assert "einsora-agent[llamacpp]" in waiting.reason
+    # A workload that needs no runtime is not held up behind it.
+    assert _admit(book, _workload("cpu-2c-4g", 1, 0)) == "m-plain"
+    book = _book(plain, served)
+    assert _admit(book, _endpoint("chat", "llamacpp", age_s=1)) == "m-llama"
+    # `command` needs only a driver that runs it.
+    assert _admit(_book(plain), _endpoint("own", "command")) == "m-plain"
+
+
+def test_replicas_of_an_endpoint_go_to_different_machines_while_there_are_some() -> None:
+    machines = [
+        _inventory(f"m-{i}").model_copy(update={"runtimes": ["llamacpp"]}) for i in range(2)
+    ]
+    book = _book(*machines)
+    placed = [_admit(book, _endpoint("chat", "llamacpp", 3, age_s=i)) for i in range(3)]
+    assert set(placed[:2]) == {"m-0", "m-1"}  # apart while they can be
+    assert placed[2] in {"m-0", "m-1"}  # then together rather than waiting
+    # Another endpoint is not kept apart from them: best fit as ever.
+    other = [_admit(book, _endpoint("other", "llamacpp", 1, age_s=9 + i)) for i in range(2)]
+    assert other[0] == other[1]

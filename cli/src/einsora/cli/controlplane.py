@@ -2,7 +2,8 @@
 start on free ports.
 
 Order: NATS first, then the proxy (so the api's access links name its real port), the api
-(which owns the store and creates the owner), the scheduler, and last the agent; stopping goes
+(which owns the store and creates the owner), the scheduler, the gateway, and last the agent;
+stopping goes
 in reverse, so the agent stops watching before the scheduler goes away. The services still talk only
 over NATS.
 """
@@ -25,6 +26,7 @@ from einsora.common.errors import PortInUse
 from einsora.common.files import make_private
 from einsora.common.service import Service
 from einsora.common.settings import Settings
+from einsora.gateway.service import GatewayService
 from einsora.proxy.service import ProxyService
 from einsora.scheduler.service import SchedulerService
 
@@ -36,6 +38,7 @@ def check_ports(settings: Settings) -> None:
     wanted: list[tuple[int, str, str]] = [
         (settings.api_port, "API and dashboard", "--api-port or EINSORA_API_PORT"),
         (settings.proxy_port, "access proxy", "--proxy-port or EINSORA_PROXY_PORT"),
+        (settings.gateway_port, "inference gateway", "--gateway-port or EINSORA_GATEWAY_PORT"),
     ]
     if settings.nats_url is None:
         wanted.append((settings.nats_port, "embedded NATS", "--nats-port or EINSORA_NATS_PORT"))
@@ -48,7 +51,7 @@ def check_ports(settings: Settings) -> None:
 
 
 class ControlPlane:
-    """NATS (unless external), api, scheduler, proxy and an agent for this machine."""
+    """NATS (unless external), api, scheduler, proxy, gateway and an agent for this machine."""
 
     def __init__(
         self,
@@ -75,6 +78,7 @@ class ControlPlane:
         self.api: ApiService | None = None
         self.scheduler: SchedulerService | None = None
         self.proxy: ProxyService | None = None
+        self.gateway: GatewayService | None = None
         self.agent: AgentService | None = None
         self._started: list[Service] = []
 
@@ -85,7 +89,13 @@ class ControlPlane:
                 identities.ensure_identity(credentials, name),
                 identities.service_permissions(name),
             )
-            for name in (identities.API, identities.SCHEDULER, identities.PROXY)
+            for name in (
+                identities.API,
+                identities.SCHEDULER,
+                identities.PROXY,
+                identities.GATEWAY,
+                identities.ACCOUNTING,
+            )
         }
         agent = machine_identity.resolve_machine_id(
             self.settings.data_dir, self._agent_options.get("machine_id")
@@ -137,6 +147,11 @@ class ControlPlane:
         self.settings = s
         self.scheduler = SchedulerService(s)
         await self._start(self.scheduler)
+        self.gateway = GatewayService(s)
+        await self._start(self.gateway)
+        if s.gateway_port == 0:
+            s = s.model_copy(update={"gateway_port": self.gateway.port})
+            self.settings = s
         self.agent = AgentService(s, driver=self._agent_driver, **self._agent_options)
         await self._start(self.agent)
 

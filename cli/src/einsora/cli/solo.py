@@ -100,6 +100,8 @@ def _greet(plane: ControlPlane, settings: Settings) -> None:
         "  so use the CLI for now.",
         f"  Workloads answer at their own sites, {sites.origin_of('w-<id>')}",
         "  (EINSORA_PROXY_DOMAIN, EINSORA_PROXY_TLS), opened with `einsora open ID`.",
+        f"  Model endpoints answer OpenAI's API at http://127.0.0.1:{plane.settings.gateway_port}"
+        "/v1 with a key from `einsora keys create`.",
     ]
     cli = _cli_name()
     token = plane.owner_token_created

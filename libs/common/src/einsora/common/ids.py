@@ -25,6 +25,7 @@ PREFIXES = {
     "intent": "in",
     "request": "req",
     "invitation": "inv",
+    "gateway_key": "gk",
 }
 
 _ID_RE = re.compile(rf"^(?P<prefix>[a-z]+)-[{_ALPHABET}]{{{_TIME_CHARS + _RANDOM_CHARS}}}$")

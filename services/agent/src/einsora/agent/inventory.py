@@ -2,8 +2,9 @@
 
 GPUs come from NVML where present; on a Mac with Apple Silicon, the chip and its unified memory
 come from `sysctl` and are reported as one GPU of model `Apple Silicon` (the catalog's
-`apple-silicon-<n>gb` classes match it). The inventory reports; it never decides the machine's
-owner, region or sharing.
+`apple-silicon-<n>gb` classes match it). The endpoint runtimes it can serve come from
+`runtimes.available`. The inventory reports; it never decides the machine's owner, region or
+sharing.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 import psutil
 
 from einsora.agent.nvml import nvidia_gpus
+from einsora.agent.runtimes.available import available_runtimes
 from einsora.common.schemas import Gpu, Inventory
 
 log = logging.getLogger("einsora.agent")
@@ -59,6 +61,7 @@ def apple_silicon() -> tuple[str, int] | None:
 def collect(machine_id: str, region: str, drivers: list[str]) -> Inventory:
     """This machine's inventory now (blocking: NVML and sysctl may take a moment)."""
     gpus = nvidia_gpus()
+    runtimes = available_runtimes(drivers, nvidia=len(gpus))
     apple = apple_silicon()
     if apple is not None:
         gpus.append(
@@ -81,6 +84,7 @@ def collect(machine_id: str, region: str, drivers: list[str]) -> Inventory:
         apple_chip=None if apple is None else apple[0],
         unified_memory_mib=None if apple is None else apple[1],
         drivers=drivers,
+        runtimes=runtimes,
         agent_version=agent_version(),
     )
 

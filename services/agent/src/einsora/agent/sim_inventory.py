@@ -4,7 +4,8 @@
 512 GiB of memory. A file holds the same text, or JSON:
 `{"gpus": {"l40s-48gb": 4}, "cpus": 64, "memory_gib": 512}`. Optional `os=`, `arch=`,
 `hostname=` items (JSON keys) set what else the inventory says. Fake GPU UUIDs are stable per
-machine id, so a restarted sim agent reports the same devices.
+machine id, so a restarted sim agent reports the same devices. A sim machine serves every
+endpoint runtime (the sim driver simulates them all).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from einsora.agent.runtimes.available import available_runtimes
 from einsora.common.catalog import Accelerator, Catalog, MachineClass
 from einsora.common.errors import ConfigError
 from einsora.common.schemas import Gpu, Inventory
@@ -81,6 +83,7 @@ class SimMachine:
             apple_chip=None if apple is None else "Apple Silicon (sim)",
             unified_memory_mib=None if apple is None else apple.memory_mib,
             drivers=drivers,
+            runtimes=available_runtimes(drivers),
         )
 
 

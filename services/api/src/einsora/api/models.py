@@ -1,5 +1,5 @@
 """The api's tables (SQLAlchemy Core): tenants, users, members, invitations, API tokens,
-workloads, timeline, outbox, idempotency keys, access tickets and tenant limits.
+workloads, timeline, outbox, idempotency keys, access tickets, tenant limits and gateway keys.
 
 The api owns these tables and no other service reads them (DESIGN.md). Every time is stored in
 UTC and read back timezone-aware; the migrations in `migrations/versions` create exactly this
@@ -91,6 +91,8 @@ invitations = sa.Table(
     sa.Index(None, "user_id", "id"),
 )
 
+ENDPOINT_NAME_TAKEN = sa.text("kind = 'endpoint' AND replica_of IS NULL AND state <> 'removed'")
+
 workloads = sa.Table(
     "workloads",
     metadata,
@@ -111,9 +113,22 @@ workloads = sa.Table(
     sa.Column("last_seq", sa.BigInteger(), nullable=False),
     sa.Column("created_at", UtcDateTime(), nullable=False),
     sa.Column("updated_at", UtcDateTime(), nullable=False),
+    # An endpoint's further replicas point at the first (which the user launched and acts on).
+    sa.Column("replica_of", ID, sa.ForeignKey("workloads.id"), nullable=True),
     sa.Index(None, "tenant_id", "id"),
     sa.Index(None, "tenant_id", "state", "id"),
     sa.Index(None, "tenant_id", "kind", "id"),
+    sa.Index(None, "replica_of"),
+    # An endpoint's name is its model name in the gateway: one live endpoint per name and
+    # tenant, enforced by the database so that concurrent launches cannot both take it.
+    sa.Index(
+        "uq_workloads_endpoint_name",
+        "tenant_id",
+        "name",
+        unique=True,
+        sqlite_where=ENDPOINT_NAME_TAKEN,
+        postgresql_where=ENDPOINT_NAME_TAKEN,
+    ),
 )
 
 timeline = sa.Table(
@@ -184,4 +199,32 @@ tenant_limits = sa.Table(
     # without a row has the default cap of the settings (`tenant_max_workloads`).
     sa.Column("max_workloads", sa.Integer(), nullable=True),
     sa.Column("updated_at", UtcDateTime(), nullable=False),
+)
+
+gateway_keys = sa.Table(
+    "gateway_keys",
+    metadata,
+    sa.Column("id", ID, primary_key=True),
+    sa.Column("tenant_id", ID, sa.ForeignKey("tenants.id"), nullable=False),
+    sa.Column("user_id", ID, sa.ForeignKey("users.id"), nullable=False),
+    sa.Column("name", NAME, nullable=False),
+    # The SHA-256 of the whole `esk_…` key, as the gateway looks it up; the key is stored nowhere.
+    sa.Column("key_sha256", sa.String(64), nullable=False, unique=True),
+    # A JSON list of the endpoint names the key may use; NULL: every endpoint of the tenant.
+    sa.Column("models", sa.Text(), nullable=True),
+    sa.Column("rpm", sa.Integer(), nullable=True),
+    sa.Column("tpm", sa.Integer(), nullable=True),
+    sa.Column("max_tokens_default", sa.Integer(), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+    sa.Column("expires_at", UtcDateTime(), nullable=True),
+    sa.Column("revoked_at", UtcDateTime(), nullable=True),
+    sa.Index(None, "tenant_id", "user_id", "id"),
+    sa.Index(None, "tenant_id", "id"),
+    # The key sync reads the live keys every minute; revoked ones pile up and are never read.
+    sa.Index(
+        "ix_gateway_keys_live",
+        "id",
+        sqlite_where=sa.text("revoked_at IS NULL"),
+        postgresql_where=sa.text("revoked_at IS NULL"),
+    ),
 )

@@ -3,8 +3,9 @@
 `start()` applies the migrations, makes the owner on the first start, connects to NATS and
 provisions it, starts the timeline consumer, the machines view, the outbox relay and
 anti-entropy (which provisions again if NATS comes back empty, and republishes lost intents;
-ADR-0011), then serves HTTP with uvicorn in this process and returns once it accepts
-connections. `stop()` undoes all of it, in reverse, and may be called twice.
+ADR-0011) and the gateway keys sync (KV `gateway_keys` equal to the store's live keys), then
+serves HTTP with uvicorn in this process and returns once it accepts connections. `stop()`
+undoes all of it, in reverse, and may be called twice.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from einsora.api.app import create_app
 from einsora.api.auth import VerifiedTokens
 from einsora.api.bootstrap import OWNER_TOKEN_FILE, ensure_owner
 from einsora.api.context import ApiContext
+from einsora.api.gateway_keys_sync import GatewayKeysSync
 from einsora.api.machines import MachinesView
 from einsora.api.metrics import ApiMetrics, metrics_app
 from einsora.api.middleware import edge_protocol
@@ -86,6 +88,8 @@ class ApiService:
         self._timeline: TimelineConsumer | None = None
         self._anti_entropy_period_s = anti_entropy_period_s
         self.anti_entropy: AntiEntropy | None = None
+        self.gateway_keys: GatewayKeysSync | None = None
+        """Keeps KV `gateway_keys` equal to the live gateway keys (once started)."""
         self._machines = MachinesView()
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
@@ -130,6 +134,8 @@ class ApiService:
                 period_s=self._anti_entropy_period_s,
             )
             await self.anti_entropy.start()
+            self.gateway_keys = GatewayKeysSync(self.store, self.nc, js, clock=self._now)
+            await self.gateway_keys.start()
             self._redeemer = TicketRedeemer(self.store, self.nc, clock=self._now)
             await self._redeemer.start()
             tokens = self.tokens = VerifiedTokens()
@@ -148,8 +154,10 @@ class ApiService:
                 revocations=self._revocations,
             )
             await self._serve_metrics(ctx.metrics)
+            app = create_app(ctx)
+            app.state.gateway_keys = self.gateway_keys  # the key routes write KV through it
             config = uvicorn.Config(
-                create_app(ctx),
+                app,
                 # httptools where installed, else h11, with the api's JSON answer to what it
                 # cannot parse; the edge middleware refuses what it lets through but must not serve.
                 http=edge_protocol(),
@@ -215,6 +223,9 @@ class ApiService:
         if self._revocations is not None:
             await self._revocations.stop()
             self._revocations = None
+        if self.gateway_keys is not None:
+            await self.gateway_keys.stop()
+            self.gateway_keys = None
         if self.anti_entropy is not None:
             await self.anti_entropy.stop()
             self.anti_entropy = None

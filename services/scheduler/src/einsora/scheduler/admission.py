@@ -14,7 +14,7 @@ from __future__ import annotations
 from einsora.common.schemas import Placement, Target, WorkloadState
 from einsora.scheduler import reasons, trust
 from einsora.scheduler.book import Book
-from einsora.scheduler.capacity import Demand, Grant, fit, free_cpus, free_memory_mib
+from einsora.scheduler.capacity import Demand, Grant, fit, free_cpus, free_memory_mib, serves
 from einsora.scheduler.model import Liveness, Machine, Row, Workload
 
 
@@ -58,10 +58,26 @@ def choose(book: Book, workload: Workload, demand: Demand) -> Grant | None:
         grant = fit(home, demand)
         if grant is not None:
             return grant
-    best = book.index.best_fit(demand, lambda m: book.may_run(book.machines[m], workload))
+    best = _best_fit(book, workload, demand)
     if best is None:
         return None
     return fit(book.machines[best], demand)
+
+
+def _best_fit(book: Book, workload: Workload, demand: Demand) -> str | None:
+    """The best fit among machines this workload may use, and that serve its runtime; for a
+    replica of an endpoint, a machine without another replica of it when there is one."""
+
+    def allowed(machine_id: str) -> bool:
+        machine = book.machines[machine_id]
+        return serves(machine, demand) and book.may_run(machine, workload)
+
+    others = book.replica_machines(workload)
+    if others:
+        apart = book.index.best_fit(demand, lambda m: m not in others and allowed(m))
+        if apart is not None:
+            return apart
+    return book.index.best_fit(demand, allowed)
 
 
 def place(book: Book, workload: Workload, demand: Demand, grant: Grant) -> None:
@@ -118,6 +134,9 @@ def _why_not_home(machine: Machine) -> str:
 
 
 def _queued_reason(book: Book, workload: Workload, demand: Demand) -> str:
+    runtime_is_why = demand.runtime is not None and not book.ever_fits(demand)
+    if runtime_is_why and book.ever_fits(demand.without_runtime()):
+        return reasons.runtime_missing(book.region, demand)
     if book.ever_fits(demand) and not book.ever_fits_for(workload, demand):
         return trust.refusal(book.distrusted_fits(workload, demand), book.owner_tenant)
     if not book.ever_fits(demand):

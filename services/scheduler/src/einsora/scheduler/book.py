@@ -25,6 +25,7 @@ from einsora.common.schemas import (
     Route,
     Target,
     WorkloadEvent,
+    WorkloadKind,
     WorkloadState,
     utcnow,
 )
@@ -34,6 +35,18 @@ from einsora.scheduler.model import Machine, Row, Workload
 from einsora.scheduler.tokens import WorkloadTokens
 
 log = logging.getLogger("einsora.scheduler.book")
+
+_HOLDS_A_PLACE = frozenset({WorkloadState.scheduled, WorkloadState.starting, WorkloadState.running})
+_CHECKED_RUNTIMES = frozenset({"llamacpp", "vllm", "mlx"})
+"""Runtimes a machine must offer. A `command` endpoint needs only a driver that runs it."""
+
+
+def runtime_needed(workload: Workload) -> str | None:
+    """The endpoint runtime a machine must offer to run `workload` (None: any machine)."""
+    if workload.kind is not WorkloadKind.endpoint:
+        return None
+    runtime = workload.spec.get("runtime")
+    return runtime if isinstance(runtime, str) and runtime in _CHECKED_RUNTIMES else None
 
 
 @dataclass(frozen=True)
@@ -182,6 +195,24 @@ class Book:
         """The trust filter: may `machine` take this workload's tenant (trust.py)."""
         return trust.may_run(machine, workload.tenant_id, self.owner_tenant)
 
+    def replica_machines(self, workload: Workload) -> set[str]:
+        """The machines other replicas of this endpoint are on (same tenant and name)."""
+        if workload.kind is not WorkloadKind.endpoint or not workload.name:
+            return set()
+        replicas = workload.spec.get("replicas", 1)
+        if not isinstance(replicas, int) or replicas <= 1:
+            return set()
+        return {
+            w.machine_id
+            for w in self.workloads.values()
+            if w.machine_id is not None
+            and w is not workload
+            and w.name == workload.name
+            and w.tenant_id == workload.tenant_id
+            and w.kind is WorkloadKind.endpoint
+            and w.state in _HOLDS_A_PLACE
+        }
+
     def ever_fits_for(self, workload: Workload, demand: Demand) -> bool:
         """Whether some machine this workload may use would hold it, emptied."""
         key = (demand, workload.tenant_id == self.owner_tenant)
@@ -212,7 +243,7 @@ class Book:
         machine_class = self.catalog.get(workload.class_name)
         if machine_class is None:
             return None
-        return Demand.of(machine_class, workload.count)
+        return Demand.of(machine_class, workload.count, runtime_needed(workload))
 
     def row_of(self, workload: Workload) -> tuple[Machine, Row] | None:
         """The row on the machine the workload is on, if it has one."""
@@ -304,6 +335,8 @@ class Book:
             host=endpoint.host,
             port=endpoint.port,
             token=workload.access_token,
+            name=workload.name,
+            runtime=endpoint.runtime,
         )
 
     def drop_route(self, workload: Workload) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from einsora.common.catalog import Accelerator, Catalog, MachineClass
 from einsora.common.schemas import Inventory
@@ -33,9 +33,11 @@ class Demand:
     gpu: bool
     cpus: float = 0.0
     memory_mib: int = 0
+    runtime: str | None = None
+    """An endpoint runtime the machine must offer (`Inventory.runtimes`); None: any machine."""
 
     @classmethod
-    def of(cls, machine_class: MachineClass, count: int) -> Demand:
+    def of(cls, machine_class: MachineClass, count: int, runtime: str | None = None) -> Demand:
         if machine_class.accelerator is Accelerator.cpu:
             return cls(
                 machine_class.name,
@@ -43,8 +45,12 @@ class Demand:
                 gpu=False,
                 cpus=machine_class.cpus * count,
                 memory_mib=machine_class.memory_mib * count,
+                runtime=runtime,
             )
-        return cls(machine_class.name, count, gpu=True)
+        return cls(machine_class.name, count, gpu=True, runtime=runtime)
+
+    def without_runtime(self) -> Demand:
+        return replace(self, runtime=None)
 
     @property
     def pool(self) -> str:
@@ -84,8 +90,15 @@ def free_memory_mib(machine: Machine) -> int:
     return machine.inventory.memory_mib - machine.used_memory_mib()
 
 
+def serves(machine: Machine, demand: Demand) -> bool:
+    """Whether `machine` offers the endpoint runtime `demand` needs (if it needs one)."""
+    return demand.runtime is None or demand.runtime in machine.inventory.runtimes
+
+
 def fit(machine: Machine, demand: Demand) -> Grant | None:
     """What `machine` would give `demand` now, or None when it does not fit."""
+    if not serves(machine, demand):
+        return None
     if demand.gpu:
         free = free_gpus(machine, demand.class_name)
         if len(free) < demand.count:
@@ -99,6 +112,8 @@ def fit(machine: Machine, demand: Demand) -> Grant | None:
 def could_ever_fit(machines: Iterable[Machine], demand: Demand) -> bool:
     """Whether some machine of the region, emptied, would hold `demand`."""
     for machine in machines:
+        if not serves(machine, demand):
+            continue
         if demand.gpu:
             if len(machine.gpus_by_class.get(demand.class_name, [])) >= demand.count:
                 return True

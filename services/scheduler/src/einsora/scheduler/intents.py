@@ -69,6 +69,7 @@ def _create(book: Book, intent: WorkloadIntent, request_id: str | None) -> None:
         tenant_id=intent.tenant_id,
         region=book.region,
         kind=intent.kind,
+        name=intent.name,
         class_name=intent.class_name,
         count=intent.count,
         spec=dict(intent.spec),

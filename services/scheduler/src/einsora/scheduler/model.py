@@ -117,6 +117,8 @@ class Workload:
     state: WorkloadState
     access_token: str
     created_at: datetime
+    name: str = ""
+    """Its name; an endpoint's is the model name the gateway routes by."""
     reason: str = ""
     machine_id: str | None = None
     seq: int = 0

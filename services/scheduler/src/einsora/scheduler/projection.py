@@ -100,6 +100,7 @@ class Projector:
                     kind=w.kind,
                     class_name=w.class_name,
                     target=row.target,
+                    name=w.name,
                     spec=w.spec,
                     resources=row.resources(),
                     access_token=w.access_token,

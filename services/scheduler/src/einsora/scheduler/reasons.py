@@ -65,6 +65,16 @@ def never_fits(region: str, demand: Demand, largest: int) -> str:
     )
 
 
+def runtime_missing(region: str, demand: Demand) -> str:
+    extra = {"llamacpp": " (pip install 'einsora-agent[llamacpp]' there)"}.get(
+        demand.runtime or "", ""
+    )
+    return (
+        f"no machine in region {region} with {_what(demand)} can serve the {demand.runtime} "
+        f"runtime, so none is fit for it; it waits until one that has it reports{extra}"
+    )
+
+
 def unknown_class(class_name: str) -> str:
     return (
         f"class {class_name} is not in the catalog, so it cannot be placed; launch it again "

@@ -36,6 +36,7 @@ workloads = sa.Table(
     sa.Column("tenant_id", sa.String(64), nullable=False),
     sa.Column("region", sa.String(64), nullable=False),
     sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("name", sa.String(128), nullable=False, server_default=""),
     sa.Column("class_name", sa.String(64), nullable=False),
     sa.Column("count", sa.Integer, nullable=False),
     sa.Column("spec", sa.Text, nullable=False),

@@ -130,6 +130,10 @@ def service_permissions(identity: str) -> Permissions:
                 # narrowed to those keys (ADR-0009 names the residual).
                 *_reads_bucket(names.MACHINES),
                 names.TOKENS_REVOKED_SUBJECT,
+                # It publishes gateway keys (hashes only) and deletes revoked ones, and lists
+                # the bucket at start-up to put right what a crash left (anti-entropy).
+                f"{names.GATEWAY_KEYS.subject_prefix}>",
+                *_reads_bucket(names.GATEWAY_KEYS),
             ),
             publish_deny=(*_NEVER, names.DESIRED_SUBJECTS),
             subscribe=(inbox, names.ACCESS_REDEEM_SUBJECT, names.TOKENS_REVOKED_SUBJECT),
@@ -173,7 +177,12 @@ def service_permissions(identity: str) -> Permissions:
         return Permissions(
             publish=(
                 "$JS.API.INFO",
+                *_provisions(names.GATEWAY_LIMITS.stream),
                 *_reads_bucket(names.ROUTES),
+                *_reads_bucket(names.GATEWAY_KEYS),
+                # Limits shared by every gateway replica: reads, and compare-and-set puts.
+                *_reads_bucket(names.GATEWAY_LIMITS),
+                f"{names.GATEWAY_LIMITS.subject_prefix}>",
                 "usage.tokens.*",
                 *_consumes(names.EVENTS.name),
             ),

@@ -105,6 +105,8 @@ class BucketName:
     description: str
     max_value_size: int
     allow_rollup: bool
+    max_age_s: float = 0.0
+    """How long a value lives (0: until replaced or deleted)."""
 
     @property
     def stream(self) -> str:
@@ -137,7 +139,22 @@ USAGE_KV: Final = BucketName(
     max_value_size=64 * 1024,
     allow_rollup=False,
 )
-BUCKETS: Final = (MACHINES, ROUTES, USAGE_KV)
+GATEWAY_KEYS: Final = BucketName(
+    "gateway_keys",
+    "Each live gateway key's hash, tenant, models and limits; deleted when revoked "
+    "(api → gateway).",
+    max_value_size=16 * 1024,
+    allow_rollup=False,
+)
+GATEWAY_LIMITS: Final = BucketName(
+    "gateway_limits",
+    "Requests and tokens each gateway key has used or reserved in the current minute, shared "
+    "by every gateway replica (compare-and-set on each key's revision).",
+    max_value_size=1024,
+    allow_rollup=False,
+    max_age_s=180.0,
+)
+BUCKETS: Final = (MACHINES, ROUTES, USAGE_KV, GATEWAY_KEYS, GATEWAY_LIMITS)
 
 
 def desired_key(machine_id: str) -> str:
@@ -181,6 +198,16 @@ def desired_watch_consumer(machine_id: str) -> str:
 def route_key(workload_id: str) -> str:
     """`<workload>` in `routes`."""
     return _token(workload_id)
+
+
+def gateway_key_key(key_id: str) -> str:
+    """`<key id>` in `gateway_keys`."""
+    return _token(key_id)
+
+
+def gateway_limit_key(key_id: str, minute: int) -> str:
+    """`<key id>.<minute>` in `gateway_limits`: one key's use in one minute (Unix minutes)."""
+    return f"{_token(key_id)}.{minute}"
 
 
 def tenant_usage_key(tenant_id: str) -> str:

@@ -77,6 +77,7 @@ def stream_configs(replicas: int = 1) -> list[StreamConfig]:
             storage=StorageType.FILE,
             max_msgs_per_subject=1,
             max_msg_size=b.max_value_size,
+            max_age=b.max_age_s or None,
             discard=DiscardPolicy.NEW,
             allow_direct=True,
             allow_rollup_hdrs=b.allow_rollup,

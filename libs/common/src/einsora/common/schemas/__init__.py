@@ -7,6 +7,15 @@ from einsora.common.schemas.access import (
     TokensRevoked,
 )
 from einsora.common.schemas.base import Message, utcnow, what_is_wrong
+from einsora.common.schemas.endpoint import (
+    MAX_REPLICAS,
+    CountSource,
+    EndpointRuntime,
+    EndpointSpec,
+    GatewayKey,
+    SimEndpoint,
+    TokenUsage,
+)
 from einsora.common.schemas.machine import (
     DesiredState,
     DesiredWorkload,
@@ -32,13 +41,18 @@ from einsora.common.schemas.workload import (
 )
 
 __all__ = [
+    "MAX_REPLICAS",
     "TERMINAL_STATES",
     "AccessRedeemReply",
     "AccessRedeemRequest",
+    "CountSource",
     "DesiredState",
     "DesiredWorkload",
     "Endpoint",
+    "EndpointRuntime",
+    "EndpointSpec",
     "EventKind",
+    "GatewayKey",
     "Gpu",
     "GpuHealth",
     "IntentAction",
@@ -50,7 +64,9 @@ __all__ = [
     "Placement",
     "Resources",
     "Route",
+    "SimEndpoint",
     "Target",
+    "TokenUsage",
     "TokensRevoked",
     "WorkloadEvent",
     "WorkloadIntent",

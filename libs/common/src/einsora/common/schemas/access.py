@@ -25,6 +25,11 @@ class Route(Message):
     port: int
     token: str | None = None
     """The workload's own token (Jupyter's), added by the proxy; never sent to a browser."""
+    name: str = ""
+    """The workload's name: for an endpoint, the model name clients send to the gateway."""
+    runtime: str | None = None
+    """An endpoint's runtime (`EndpointRuntime`), so the gateway knows how to count its tokens;
+    `sim` when the sim driver simulates it."""
 
 
 class AccessRedeemRequest(Message):

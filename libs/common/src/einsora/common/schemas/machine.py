@@ -42,6 +42,8 @@ class DesiredWorkload(Message):
     kind: WorkloadKind
     class_name: str
     target: Target
+    name: str = ""
+    """The workload's name; an endpoint serves its model under it."""
     spec: dict[str, Any] = Field(default_factory=dict)
     resources: Resources = Field(default_factory=Resources)
     access_token: str | None = None
@@ -73,6 +75,9 @@ class Endpoint(Message):
 
     host: str
     port: int
+    runtime: str | None = None
+    """What serves an endpoint there (`EndpointRuntime`, or `sim` when simulated): the gateway
+    counts tokens by it."""
 
 
 class ObservedWorkload(Message):
@@ -127,5 +132,8 @@ class Inventory(Message):
     apple_chip: str | None = None
     unified_memory_mib: int | None = None
     drivers: list[str] = Field(default_factory=list)
+    runtimes: list[str] = Field(default_factory=list)
+    """Endpoint runtimes this machine can serve (`EndpointRuntime` values); the sim driver
+    simulates them all."""
     agent_version: str = ""
     at: datetime = Field(default_factory=utcnow)

@@ -64,6 +64,8 @@ class WorkloadIntent(Message):
     tenant_id: str
     region: str
     kind: WorkloadKind
+    name: str = ""
+    """The workload's name; an endpoint's is its model name (the gateway routes by it)."""
     class_name: str = Field(alias="class")
     count: int = Field(default=1, ge=1)
     spec: dict[str, Any] = Field(default_factory=dict)

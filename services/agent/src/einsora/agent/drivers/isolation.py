@@ -150,6 +150,19 @@ def check_can_read(what: str, path: Path, user: WorkloadUser) -> None:
         )
 
 
+def check_can_read_model(path: Path, user: WorkloadUser) -> None:
+    """StartFailed naming the path when `user` could not read the model file (or directory)
+    its runtime is to load: better said now than as the runtime's own error a moment later."""
+    blocked = first_blocked(path, user.uid, user.gid, final=R | X if path.is_dir() else R)
+    if blocked is not None:
+        raise StartFailed(
+            f"the model {path} cannot be read by the workload's own unprivileged user "
+            f"(uid {user.uid}): {describe(blocked)} is closed to other users; put the model "
+            "where other users may read it (a downloaded model is kept in the agent's private "
+            "data dir, which such a workload cannot read)"
+        )
+
+
 def check_closed(data_dir: Path, user: WorkloadUser) -> None:
     """StartFailed when `user` could enter the agent's data dir: it would read what lies there."""
     if first_blocked(data_dir, user.uid, user.gid, final=X) is None:

@@ -3,8 +3,9 @@
 A notebook is a real Jupyter server on a free port whose token comes from the control plane; it
 is handed over in a 0600 file (`JUPYTER_TOKEN_FILE`), never on the command line (visible to every
 user in /proc) and never in a log line (Jupyter logs `?token=...` for a token it did not make).
-An endpoint runs `spec.command` serving on `$PORT`. Workloads get a small environment of their
-own, not the agent's: the agent's may hold bus credentials.
+An endpoint runs its runtime (`runtimes.plans`) serving its model, checked first
+(`runtimes.models`), or for the `command` runtime `spec.command` serving on `$PORT`. Workloads
+get a small environment of their own, not the agent's: the agent's may hold bus credentials.
 
 A workload that runs as a user of its own (ADR-0007) has its files in a private directory the
 agent does not write into: the plan names the directories and the token file, and `runas`, as
@@ -22,7 +23,8 @@ from pathlib import Path
 
 from einsora.agent.drivers.base import StartFailed
 from einsora.agent.drivers.probe import Probe
-from einsora.common.schemas import DesiredWorkload, WorkloadKind
+from einsora.agent.runtimes import available, models, plans
+from einsora.common.schemas import DesiredWorkload, EndpointRuntime, WorkloadKind
 
 PASSED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "TZ", "TMPDIR")
 """The only variables of the agent's own environment a workload inherits."""
@@ -110,6 +112,10 @@ class LaunchPlan:
     """The workload's own directories, made before it starts (by its own user, if it has one)."""
     token_copy: Path | None = None
     """For a workload of its own user: where its user writes its token before it starts."""
+    runtime: str | None = None
+    """What serves an endpoint (an `EndpointRuntime` value); None for other workloads."""
+    model: Path | None = None
+    """The checked model file (or directory) an endpoint's runtime loads."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -155,12 +161,36 @@ def _own_dirs(dirs: WorkloadDirs, *more: Path) -> tuple[Path, ...]:
     return own
 
 
-def plan(workload: DesiredWorkload, dirs: WorkloadDirs, python: str) -> LaunchPlan:
-    """The launch plan of `workload`, or StartFailed saying what is wrong with its spec."""
+def models_dir(dirs: WorkloadDirs) -> Path:
+    """Where the agent keeps downloaded models: `<data_dir>/models/`."""
+    return dirs.root.parent.parent / "models"
+
+
+async def prepare(workload: DesiredWorkload, dirs: WorkloadDirs, python: str) -> LaunchPlan:
+    """`plan`, once an endpoint's model is resolved and checked (downloaded if need be), or
+    StartFailed saying what is wrong."""
+    model = None
+    if workload.kind is WorkloadKind.endpoint:
+        spec = plans.read_spec(workload.spec)
+        if spec.runtime is not EndpointRuntime.command:
+            if spec.model is None:
+                raise StartFailed(
+                    f"the {spec.runtime.value} runtime needs spec.model: the path or https URI "
+                    "of a .gguf or .safetensors file (or a directory of safetensors)"
+                )
+            model = await models.resolve(spec.model, models_dir(dirs))
+    return plan(workload, dirs, python, model)
+
+
+def plan(
+    workload: DesiredWorkload, dirs: WorkloadDirs, python: str, model: Path | None = None
+) -> LaunchPlan:
+    """The launch plan of `workload`, or StartFailed saying what is wrong with its spec.
+    `model`: an endpoint's checked model (`prepare` resolves it)."""
     if workload.kind is WorkloadKind.notebook:
         return notebook_plan(workload, dirs, python)
     if workload.kind is WorkloadKind.endpoint:
-        return endpoint_plan(workload, dirs)
+        return endpoint_plan(workload, dirs, python, model)
     raise StartFailed(
         f"the process driver cannot run a {workload.kind.value} workload; "
         "this machine needs a driver for it (e.g. libvirt for a vm)"
@@ -236,7 +266,58 @@ def notebook_plan(workload: DesiredWorkload, dirs: WorkloadDirs, python: str) ->
     )
 
 
-def endpoint_plan(workload: DesiredWorkload, dirs: WorkloadDirs) -> LaunchPlan:
+def endpoint_plan(
+    workload: DesiredWorkload, dirs: WorkloadDirs, python: str, model: Path | None = None
+) -> LaunchPlan:
+    """An endpoint's runtime serving its model, or its `command`."""
+    spec = plans.read_spec(workload.spec)
+    if spec.runtime is EndpointRuntime.command:
+        return command_plan(workload, dirs)
+    if model is None:
+        raise StartFailed(f"the {spec.runtime.value} runtime needs its model checked first")
+    port = free_port()
+    runtime = plans.runtime_plan(
+        spec,
+        model=model,
+        name=workload.name or workload.workload_id,
+        port=port,
+        python=python,
+        gpus=workload.resources.gpus,
+    )
+    _check_installed(spec.runtime)
+    env = base_env(dirs, workload.workload_id, _spec_env(workload))
+    env.update(runtime.env)
+    probe = Probe(kind="http", port=port, path=runtime.readiness_path, expect_status=200)
+    return LaunchPlan(
+        argv=runtime.argv,
+        env=env,
+        cwd=dirs.home,
+        port=port,
+        probe=probe,
+        own_dirs=_own_dirs(dirs),
+        runtime=spec.runtime.value,
+        model=model,
+    )
+
+
+def _check_installed(runtime: EndpointRuntime) -> None:
+    """StartFailed saying what to install when this machine lacks `runtime` (the scheduler
+    should not have placed it here: the inventory says what is installed)."""
+    if runtime is EndpointRuntime.llamacpp and not available.has_llamacpp_server():
+        raise StartFailed(
+            "llama-cpp-python's server is not installed beside the agent: "
+            "pip install 'einsora-agent[llamacpp]' on this machine"
+        )
+    if runtime is EndpointRuntime.vllm and not available.vllm_installed():
+        raise StartFailed("vLLM is not installed on this machine: pip install vllm")
+    if runtime is EndpointRuntime.mlx and not available.has_mlx():
+        raise StartFailed(
+            "the mlx runtime needs a Mac with Apple Silicon and mlx-lm: pip install mlx-lm"
+        )
+
+
+def command_plan(workload: DesiredWorkload, dirs: WorkloadDirs) -> LaunchPlan:
+    """The user's own server, `spec.command` with `$PORT` where the port goes."""
     command = workload.spec.get("command")
     if (
         not isinstance(command, list)
@@ -259,5 +340,11 @@ def endpoint_plan(workload: DesiredWorkload, dirs: WorkloadDirs) -> LaunchPlan:
     env["PORT"] = str(port)
     probe = Probe(kind=readiness, port=port, path=path)
     return LaunchPlan(
-        argv=argv, env=env, cwd=dirs.home, port=port, probe=probe, own_dirs=_own_dirs(dirs)
+        argv=argv,
+        env=env,
+        cwd=dirs.home,
+        port=port,
+        probe=probe,
+        own_dirs=_own_dirs(dirs),
+        runtime=EndpointRuntime.command.value,
     )

@@ -89,7 +89,7 @@ class ProcessDriver:
                 user = await asyncio.to_thread(self.uids.claim, workdir)
             dirs = launch.WorkloadDirs(workdir, None if user is None else user.home)
             dirs.create()
-            plan = launch.plan(workload, dirs, self.options.python)
+            plan = await launch.prepare(workload, dirs, self.options.python)
             if user is not None:
                 self._check_isolated(workload, plan, workdir, user)
             header = f"{spawn.LOG_MARKER}{utcnow().isoformat()} ==\n"
@@ -109,7 +109,7 @@ class ProcessDriver:
             workload_id=workload.workload_id,
             started_at=utcnow(),
             pid=spawned.pid,
-            endpoint=Endpoint(host=plan.probe.host, port=plan.port),
+            endpoint=Endpoint(host=plan.probe.host, port=plan.port, runtime=plan.runtime),
             create_time=spawned.create_time,
             probe=plan.probe,
             workdir=str(workdir),
@@ -132,6 +132,8 @@ class ProcessDriver:
         package = launch.jupyter_server_dir()
         if workload.kind is WorkloadKind.notebook and same_python and package is not None:
             isolation.check_can_read("jupyter-server, installed at", package, user)
+        if plan.model is not None:
+            isolation.check_can_read_model(plan.model, user)
 
     async def observe(self, handle: Handle) -> Observation:
         assert isinstance(handle, ProcessHandle)

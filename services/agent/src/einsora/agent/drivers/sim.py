@@ -4,6 +4,11 @@ It exists for development, tests and benchmarks (one agent process can host a th
 machines), so it must cost next to nothing per workload: no process, no file, no timer once a
 workload is running. Its timing and failures are set by the driver's options or per workload by
 the spec's `sim` object: `{"start_delay_s": 0.5, "fail": "out of memory", "fail_after_s": 2}`.
+
+An endpoint is the one exception: whatever its runtime, it is simulated by a real in-process
+OpenAI-compatible server (`SimEndpointServer`), so the gateway has something to talk to. No
+model file is read; `spec.sim` also sets how the model behaves (`SimEndpoint`: latency, tokens
+per second, failures).
 """
 
 from __future__ import annotations
@@ -14,8 +19,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from einsora.agent.drivers.base import Adoption, Handle, Observation, StartFailed
-from einsora.common.schemas import DesiredWorkload, ObservedPhase, utcnow
+from einsora.agent.runtimes import plans
+from einsora.agent.runtimes.sim_server import SimEndpointServer
+from einsora.common.schemas import (
+    DesiredWorkload,
+    Endpoint,
+    ObservedPhase,
+    SimEndpoint,
+    WorkloadKind,
+    utcnow,
+)
+
+SIM_HOST = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -35,6 +53,8 @@ class SimHandle(Handle):
     ready_at: float = 0.0
     fail_at: float | None = None
     fail_reason: str = ""
+    server: SimEndpointServer | None = None
+    """An endpoint's simulated model server."""
 
 
 def _seconds(value: object, field: str) -> float:
@@ -68,12 +88,32 @@ class SimDriver:
         elif self.options.fail_rate and self._random.random() < self.options.fail_rate:
             handle.fail_reason = "injected failure (sim fail_rate)"
             handle.fail_at = handle.ready_at
+        if workload.kind is WorkloadKind.endpoint:
+            await self._serve(workload, sim, handle)
         return handle
+
+    async def _serve(
+        self, workload: DesiredWorkload, sim: dict[str, Any], handle: SimHandle
+    ) -> None:
+        plans.read_spec(workload.spec)  # the same spec a real runtime would be refused for
+        try:
+            options = SimEndpoint.model_validate(sim)
+        except ValidationError as exc:
+            raise StartFailed(plans.spec_problem(exc, "spec.sim")) from exc
+        server = SimEndpointServer(workload.name or workload.workload_id, options, host=SIM_HOST)
+        try:
+            port = await server.start()
+        except OSError as exc:
+            raise StartFailed(f"the sim endpoint could not listen on {SIM_HOST}: {exc}") from exc
+        handle.server = server
+        handle.endpoint = Endpoint(host=SIM_HOST, port=port, runtime="sim")
 
     async def observe(self, handle: Handle) -> Observation:
         assert isinstance(handle, SimHandle)
         now = time.monotonic()
         if handle.fail_at is not None and now >= handle.fail_at:
+            if handle.server is not None:  # a failed endpoint answers no more
+                await handle.server.stop()
             return Observation(ObservedPhase.failed, handle.fail_reason)
         if now < handle.ready_at:
             wake = (
@@ -85,7 +125,9 @@ class SimDriver:
         return Observation(ObservedPhase.running)
 
     async def stop(self, handle: Handle, grace_s: float) -> None:
-        return None
+        assert isinstance(handle, SimHandle)
+        if handle.server is not None:
+            await handle.server.stop()
 
     def record(self, handle: Handle) -> dict[str, Any] | None:
         return None

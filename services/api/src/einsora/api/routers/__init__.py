@@ -7,7 +7,16 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from einsora.api.routers import access, catalog, health, limits, tenants, tokens, workloads
+from einsora.api.routers import (
+    access,
+    catalog,
+    gateway_keys,
+    health,
+    limits,
+    tenants,
+    tokens,
+    workloads,
+)
 
 ROUTERS: tuple[APIRouter, ...] = (
     workloads.router,
@@ -16,5 +25,6 @@ ROUTERS: tuple[APIRouter, ...] = (
     tenants.router,
     limits.router,
     tokens.router,
+    gateway_keys.router,
     health.router,
 )

@@ -76,6 +76,11 @@ class WorkloadOut(BaseModel):
     placement: PlacementOut | None = None
     created_at: datetime
     updated_at: datetime
+    replica_of: str | None = Field(
+        default=None,
+        description="For an endpoint's further replicas: the endpoint (its first replica), "
+        "which the user acts on for all of them",
+    )
 
 
 class WorkloadPage(Page[WorkloadOut]):

@@ -129,8 +129,8 @@ def live_workloads(conn: sa.Connection, tenant_id: str) -> int:
     return int(count or 0)
 
 
-def check_workload_cap(conn: sa.Connection, tenant_id: str, default: int) -> None:
-    """Refuse (409) one more workload for `tenant_id` when it is at its cap.
+def check_workload_cap(conn: sa.Connection, tenant_id: str, default: int, more: int = 1) -> None:
+    """Refuse (409) `more` workloads for `tenant_id` when they would pass its cap.
 
     Run it in the write transaction that inserts the workload: the tenant's row is locked first
     (Postgres; SQLite runs one write at a time), so concurrent launches cannot all pass it.
@@ -140,7 +140,7 @@ def check_workload_cap(conn: sa.Connection, tenant_id: str, default: int) -> Non
     if cap is None:
         return
     count = live_workloads(conn, tenant_id)
-    if count >= cap:
+    if count + more > cap:
         raise Conflict(
             f"this tenant has {count} workloads that are not removed and its cap is {cap}: "
             "remove one, or ask the operator to raise the cap",

@@ -35,12 +35,20 @@ from einsora.api.schemas.workloads import (
     WorkloadPage,
     spec_json,
 )
+from einsora.api.services import endpoints
 from einsora.api.services.limits import check_workload_cap, has_own_cap
 from einsora.api.store import Store
 from einsora.common import lifecycle
 from einsora.common.catalog import Catalog
 from einsora.common.ids import is_id, new_id
-from einsora.common.schemas import EventKind, IntentAction, WorkloadIntent, WorkloadState, utcnow
+from einsora.common.schemas import (
+    EventKind,
+    IntentAction,
+    WorkloadIntent,
+    WorkloadKind,
+    WorkloadState,
+    utcnow,
+)
 
 
 def next_state(action: IntentAction, current: WorkloadState) -> WorkloadState:
@@ -92,6 +100,7 @@ _COLUMNS = (
     m.workloads.c.placed_class,
     m.workloads.c.created_at,
     m.workloads.c.updated_at,
+    m.workloads.c.replica_of,
 )
 
 
@@ -123,6 +132,7 @@ def _out(r: Mapping[Any, Any]) -> WorkloadOut:
             "placement": placement,
             "created_at": r["created_at"],
             "updated_at": r["updated_at"],
+            "replica_of": r["replica_of"],
         }
     )
 
@@ -136,6 +146,7 @@ def _intent(action: IntentAction, r: Any) -> WorkloadIntent:
             "tenant_id": r["tenant_id"],
             "region": r["region"],
             "kind": r["kind"],
+            "name": r["name"],
             "class": r["class_name"],
             "count": r["count"],
             "spec": json.loads(r["spec"]),
@@ -185,6 +196,11 @@ async def create(
     True. `default_cap` is the cap of a tenant the operator set none for (0: no cap)."""
     check_classes(catalog, body)
     check_region(body, regions)
+    replicas = 1
+    if body.kind is WorkloadKind.endpoint:
+        endpoint = endpoints.check_spec(body.spec)
+        await endpoints.check_weights(endpoint)
+        replicas = endpoint.replicas
     print_ = fingerprint(body) if idempotency_key else ""
     now = utcnow()
     workload_id = new_id("workload")
@@ -206,12 +222,26 @@ async def create(
         "last_seq": -1,
         "created_at": now,
         "updated_at": now,
+        "replica_of": None,
     }
-    intent = _intent(IntentAction.create, row)
-    entry = _entry(
-        workload_id, WorkloadState.pending, f"created by {principal.username}", request_id, now
-    )
-    outbox = outbox_row(intent, request_id=request_id, traceparent=traceparent)
+    # An endpoint's further replicas: workloads of their own (each placed, timed and routed
+    # alone, on another machine when there is one), made and acted on with the first.
+    rows = [row] + [
+        {**row, "id": new_id("workload"), "replica_of": workload_id} for _ in range(replicas - 1)
+    ]
+    entries, outboxes = [], []
+    for i, each in enumerate(rows):
+        said = f"created by {principal.username}"
+        if replicas > 1:
+            said += f" (replica {i + 1} of {replicas})"
+        entries.append(_entry(each["id"], WorkloadState.pending, said, request_id, now))
+        outboxes.append(
+            outbox_row(
+                _intent(IntentAction.create, each),
+                request_id=request_id,
+                traceparent=traceparent,
+            )
+        )
     capped = default_cap > 0 or await has_own_cap(store, principal.tenant_id)
 
     def insert(conn: sa.Connection) -> WorkloadOut | None:
@@ -222,11 +252,17 @@ async def create(
                 return prior
         if capped:
             # Counted in the transaction that inserts: concurrent launches cannot all pass.
-            check_workload_cap(conn, principal.tenant_id, default_cap)
+            check_workload_cap(conn, principal.tenant_id, default_cap, more=len(rows))
         # Statements built once, parameters apart: SQLAlchemy compiles each only once.
-        conn.execute(_INSERT_WORKLOAD, row)
-        conn.execute(_INSERT_TIMELINE, entry)
-        conn.execute(_INSERT_OUTBOX, outbox)
+        if len(rows) == 1:
+            conn.execute(_INSERT_WORKLOAD, row)
+            conn.execute(_INSERT_TIMELINE, entries[0])
+            conn.execute(_INSERT_OUTBOX, outboxes[0])
+        else:
+            conn.execute(_INSERT_WORKLOAD, rows[0])  # before the replicas that refer to it
+            conn.execute(_INSERT_WORKLOAD, rows[1:])
+            conn.execute(_INSERT_TIMELINE, entries)
+            conn.execute(_INSERT_OUTBOX, outboxes)
         if idempotency_key:
             conn.execute(
                 sa.insert(m.idempotency_keys).values(
@@ -242,6 +278,12 @@ async def create(
     try:
         prior = await store.run(insert)
     except IntegrityError:
+        if body.kind is WorkloadKind.endpoint and await _name_taken(store, principal, row["name"]):
+            raise Conflict(
+                f"this tenant already has an endpoint named {row['name']!r} (the model name "
+                "clients send to the gateway); remove it first, or choose another name",
+                code="name_taken",
+            ) from None
         if not idempotency_key:
             raise
         # The same key committed by a concurrent request (Postgres): answer with its result.
@@ -252,6 +294,15 @@ async def create(
         return prior, True
     store.outbox_written.set()
     return _out(row), False
+
+
+async def _name_taken(store: Store, principal: Principal, name: str) -> bool:
+    stmt = sa.select(m.workloads.c.id).where(
+        m.workloads.c.tenant_id == principal.tenant_id,
+        m.workloads.c.name == name,
+        m.ENDPOINT_NAME_TAKEN,
+    )
+    return await store.query(lambda conn: conn.execute(stmt).first()) is not None
 
 
 def _entry(
@@ -297,19 +348,40 @@ async def act(
         ).first()
         if found is None:
             raise NotFound(f"no workload {workload_id!r}")
+        if found.replica_of is not None:
+            raise Conflict(
+                f"this workload is a replica of endpoint {found.replica_of}, and acts with it: "
+                f"{action.value} {found.replica_of} instead",
+                code="replica",
+            )
         target = next_state(action, WorkloadState(found.state))
         now = utcnow()
+        _record(conn, found._mapping, target, now)
+        if found.kind == WorkloadKind.endpoint.value:
+            replicas = conn.execute(
+                sa.select(*_COLUMNS)
+                .where(m.workloads.c.replica_of == workload_id)
+                .order_by(m.workloads.c.id)
+                .with_for_update()
+            ).all()
+            for replica in replicas:  # each one the action applies to (a removed one stays)
+                if lifecycle.refusal(action, WorkloadState(replica.state)) is None:
+                    _record(conn, replica._mapping, lifecycle.ACTIONS[action].requested, now)
+        return _out({**found._mapping, "state": target.value, "updated_at": now})
+
+    def _record(
+        conn: sa.Connection, r: Mapping[Any, Any], target: WorkloadState, now: datetime
+    ) -> None:
         conn.execute(
             sa.update(m.workloads)
-            .where(m.workloads.c.id == workload_id)
+            .where(m.workloads.c.id == r["id"])
             .values(state=target.value, updated_at=now)
         )
-        conn.execute(_INSERT_TIMELINE, _entry(workload_id, target, reason, request_id, now))
-        intent = _intent(action, found._mapping)
+        conn.execute(_INSERT_TIMELINE, _entry(r["id"], target, reason, request_id, now))
+        intent = _intent(action, r)
         conn.execute(
             _INSERT_OUTBOX, outbox_row(intent, request_id=request_id, traceparent=traceparent)
         )
-        return _out({**found._mapping, "state": target.value, "updated_at": now})
 
     out = await store.run(record)
     store.outbox_written.set()

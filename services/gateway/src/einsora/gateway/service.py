@@ -1,0 +1,123 @@
+"""GatewayService: the inference gateway as a service Solo or `einsora gateway` runs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import time
+from collections.abc import Callable
+
+import aiohttp
+from aiohttp import web
+from nats.aio.client import Client as NATS
+
+from einsora.common.bus import connect_as, identities, names, provision
+from einsora.common.errors import PortInUse
+from einsora.common.settings import Settings
+from einsora.gateway.app import GatewayState, create_app
+from einsora.gateway.balance import Balancer
+from einsora.gateway.counting import Counter
+from einsora.gateway.forward import Forwarder
+from einsora.gateway.keys import KeyTable
+from einsora.gateway.limits import LimitBook
+from einsora.gateway.protocol import GuardedAppRunner
+from einsora.gateway.routes import ModelTable
+from einsora.gateway.usage import UsagePublisher
+
+log = logging.getLogger("einsora.gateway")
+
+CONNECT_S = 3.0
+"""How long a replica may take to accept a connection before the next one is tried."""
+READ_S = 600.0
+"""How long a replica may stay silent mid-answer (a long prompt's first token included)."""
+LIMITS_TIMEOUT_S = 2.0
+SYNC_TIMEOUT_S = 10.0
+
+
+class GatewayService:
+    """Serves OpenAI's API for every tenant's endpoints on `bind_host:gateway_port`.
+
+    `clock` (Unix seconds) decides rate-limit minutes and key expiry; tests pin it.
+    """
+
+    name = "gateway"
+
+    def __init__(self, settings: Settings, *, clock: Callable[[], float] | None = None) -> None:
+        self._settings = settings
+        self._clock = clock or time.time
+        self._nc: NATS | None = None
+        self._client: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self.keys = KeyTable(self._clock)
+        self.models = ModelTable()
+        self._limits: LimitBook | None = None
+        self.usage: UsagePublisher | None = None
+        self.port: int = settings.gateway_port
+
+    async def start(self) -> None:
+        self._nc = await connect_as(
+            self._settings.effective_nats_url,
+            identities.GATEWAY,
+            self._settings.nats_credentials_dir,
+        )
+        js = self._nc.jetstream()
+        await provision(js, only=(names.GATEWAY_LIMITS.stream,))
+        await self.keys.start(self._nc, js, sync_timeout_s=SYNC_TIMEOUT_S)
+        await self.models.start(self._nc, js, sync_timeout_s=SYNC_TIMEOUT_S)
+        self._limits = LimitBook(self._nc.jetstream(timeout=LIMITS_TIMEOUT_S), self._clock)
+        self.usage = UsagePublisher(js)
+        self.usage.start()
+        self._client = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_S, sock_read=READ_S),
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+        state = GatewayState(
+            keys=self.keys,
+            models=self.models,
+            limits=self._limits,
+            counter=Counter(self._client),
+            forwarder=Forwarder(self._client, Balancer()),
+            usage=self.usage,
+            clock=self._clock,
+        )
+        # Guarded: a request that fails is answered and logged without quoting its bytes.
+        self._runner = GuardedAppRunner(create_app(state), access_log=None, shutdown_timeout=5.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._settings.bind_host, self._settings.gateway_port)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self.stop()
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                raise PortInUse(
+                    f"cannot listen on {self._settings.bind_host}:{self._settings.gateway_port}: "
+                    "the port is taken; choose another with --port or EINSORA_GATEWAY_PORT"
+                ) from exc
+            raise
+        sockets = getattr(site._server, "sockets", None)
+        if sockets:  # port 0: learn the chosen one
+            self.port = sockets[0].getsockname()[1]
+        log.info("gateway serving", extra={"port": self.port})
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self.usage is not None:
+            await self.usage.stop()
+        if self._limits is not None:
+            await self._limits.stop()
+            self._limits = None
+        await self.keys.stop()
+        await self.models.stop()
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+            self._nc = None
+        await asyncio.sleep(0)
