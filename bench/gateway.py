@@ -5,7 +5,8 @@ of its own; the load generator is another process; our gateway runs in this one,
 nats-server for its keys and routes and a key without limits (the common case: limits cost a
 compare-and-set on the bus, measured apart as `limited_*`). LiteLLM's proxy (`litellm[proxy]`,
 installed on first use into its own venv under ~/.cache/einsora-bench/litellm, one worker,
-`LITELLM_LOCAL_MODEL_COST_MAP=True`) is measured the same way. Figures: added latency p50/p99 over
+`LITELLM_LOCAL_MODEL_COST_MAP=True`, its master key as the client's key) is measured the same
+way. Figures: added latency p50/p99 over
 2,000 sequential chat completions (through, minus direct), streaming time to first byte, and
 throughput with 100 concurrent clients.
 """
@@ -103,7 +104,14 @@ async def run_litellm(upstream_port: int, tmp: Path) -> dict[str, Any] | None:
         "      api_key: none\n"
     )
     port = free_port()
-    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False"}
+    # It refuses to start without a master key; a key checked on each request, as ours is.
+    master_key = f"sk-{secrets.token_hex(32)}"
+    env = {
+        **os.environ,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_TELEMETRY": "False",
+        "LITELLM_MASTER_KEY": master_key,
+    }
     proc = subprocess.Popen(
         [
             *(str(binary), "--config", str(config), "--host", "127.0.0.1"),
@@ -115,7 +123,7 @@ async def run_litellm(upstream_port: int, tmp: Path) -> dict[str, Any] | None:
     )
     try:
         await wait_http(f"http://127.0.0.1:{port}/health/liveliness", within_s=120)
-        return await load(f"http://127.0.0.1:{port}/v1", "")
+        return await load(f"http://127.0.0.1:{port}/v1", master_key)
     finally:
         proc.terminate()
         proc.wait(10)

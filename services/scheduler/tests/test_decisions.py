@@ -8,8 +8,18 @@ from datetime import timedelta
 import pytest
 
 from einsora.common.catalog import Catalog
-from einsora.common.schemas import Gpu, GpuHealth, Inventory, WorkloadKind, WorkloadState, utcnow
-from einsora.scheduler.admission import admit
+from einsora.common.schemas import (
+    Gpu,
+    GpuHealth,
+    Inventory,
+    Target,
+    TenantQuota,
+    TenantUsage,
+    WorkloadKind,
+    WorkloadState,
+    utcnow,
+)
+from einsora.scheduler.admission import admit, admit_queued
 from einsora.scheduler.book import Book
 from einsora.scheduler.capacity import CPU_POOL, CapacityIndex, Demand, fit, gpus_by_class
 from einsora.scheduler.model import Liveness, Machine, Workload
@@ -244,3 +254,58 @@ def test_replicas_of_an_endpoint_go_to_different_machines_while_there_are_some()
     # Another endpoint is not kept apart from them: best fit as ever.
     other = [_admit(book, _endpoint("other", "llamacpp", 1, age_s=9 + i)) for i in range(2)]
     assert other[0] == other[1]
+
+
+def test_a_tenant_past_its_quota_waits_with_a_note_and_holds_up_nobody() -> None:
+    book = _book(_inventory("m-1", gpus=4))
+    book.quotas["t-1"] = TenantQuota(tenant_id="t-1", max_gpus={"l40s-48gb": 1})
+    first = _workload("l40s-48gb", 1, 30)
+    assert _admit(book, first) == "m-1"
+    over = _workload("l40s-48gb", 1, 20)
+    assert _admit(book, over) is None
+    assert over.reason.startswith("quota: 1 of 1 l40s-48gb in use by your tenant; it starts when")
+    # Another tenant's younger workload of the same pool is not held up behind it.
+    assert _admit(book, _workload("l40s-48gb", 1, 10, tenant_id="t-2")) == "m-1"
+    # The first one's device released: the waiting one is admitted.
+    machine, row = book.row_of(first)  # type: ignore[misc]
+    book.release(machine, row, Target.removed)
+    admit_queued(book)
+    assert over.state is WorkloadState.scheduled
+
+
+def test_gpu_hours_of_the_last_week_past_the_quota_keep_a_tenant_waiting() -> None:
+    book = _book(_inventory("m-1", gpus=2))
+    book.quotas["t-1"] = TenantQuota(tenant_id="t-1", gpu_hours_per_7d=10)
+    book.usage["t-1"] = TenantUsage(tenant_id="t-1", gpu_hours_7d=10.5)
+    waiting = _workload("l40s-48gb", 1, 5)
+    assert _admit(book, waiting) is None
+    assert "used 10.5 of 10 GPU-hours in the last 7 days" in waiting.reason
+    assert _admit(book, _workload("cpu-2c-4g")) == "m-1"  # a CPU class is not GPU-metered
+    book.usage["t-1"] = TenantUsage(tenant_id="t-1", gpu_hours_7d=9.0)
+    admit_queued(book)
+    assert waiting.state is WorkloadState.scheduled
+
+
+def test_a_released_device_goes_to_the_tenant_with_less_recent_use_then_the_oldest() -> None:
+    book = _book(_inventory("m-1", gpus=1))
+    book.usage["t-heavy"] = TenantUsage(tenant_id="t-heavy", decayed_gpu_hours=40.0)
+    book.usage["t-light"] = TenantUsage(tenant_id="t-light", decayed_gpu_hours=2.0)
+    holder = _workload("l40s-48gb", 1, 100, tenant_id="t-other")
+    assert _admit(book, holder) == "m-1"
+    # The heavy tenant asked first, twice; the light one later.
+    heavy = [_workload("l40s-48gb", 1, 50 - i, tenant_id="t-heavy") for i in range(2)]
+    light = [_workload("l40s-48gb", 1, 10 - i, tenant_id="t-light") for i in range(2)]
+    for workload in (*heavy, *light):
+        assert _admit(book, workload) is None
+    assert "1 workload ahead" in light[1].reason  # its position, by fair share
+    order = []
+    running = holder
+    for _ in range(4):
+        machine, row = book.row_of(running)  # type: ignore[misc]
+        book.release(machine, row, Target.removed)
+        running.state = WorkloadState.removed
+        admit_queued(book)
+        [running] = [w for w in (*heavy, *light) if w.state is WorkloadState.scheduled]
+        running.state = WorkloadState.running
+        order.append(running)
+    assert order == [light[0], light[1], heavy[0], heavy[1]]

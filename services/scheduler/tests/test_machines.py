@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from einsora.common.bus import names
-from einsora.common.schemas import DesiredState
+from einsora.common.schemas import DesiredState, TenantQuota
 
 if TYPE_CHECKING:
     from services.scheduler.tests.conftest import Sim, StartScheduler
@@ -32,6 +32,16 @@ async def test_a_silent_machine_is_suspect_then_lost_then_reconciled_when_back(
     assert sim.notes(first)[0].startswith("m-1 has not reported for ")
     lost = await sim.wait_state(first, "failed", within_s=5)
     assert lost.reason.startswith("machine lost: m-1 has not reported for ")
+    # Accounting meters from these events: running from the report's arrival, with what it
+    # holds; lost at its last heartbeat (before it was even suspect), not when declared lost.
+    [running] = [
+        e for e in sim.events[first] if e.state.value == "running" and e.kind.value == "transition"
+    ]
+    assert running.metered is not None
+    assert (running.metered.machine, running.metered.gpus) == ("m-1", ["GPU-m-1-0"])
+    [suspect] = [e for e in sim.events[first] if e.kind.value == "note"]
+    assert running.at <= lost.at < suspect.at
+    assert lost.metered is not None
     entry = await sim.until(
         lambda: sim.entry_if("m-1", first, lambda e: not e.resources.gpus), what="released"
     )
@@ -168,3 +178,22 @@ async def test_a_quarantined_gpu_fails_the_workload_using_it(
     assert sim.entry("m-1", again).resources.gpus == ["GPU-m-1-1"]  # type: ignore[union-attr]
     third = await sim.launch()
     await sim.wait_state(third, "queued")
+
+
+async def test_a_quota_set_through_the_bus_holds_launches_until_it_allows_them(
+    sim: Sim, start_scheduler: StartScheduler, sqlite_url: str
+) -> None:
+    await sim.join("m-1", gpus=2)
+    await start_scheduler(sqlite_url)
+    usage = await sim.bus.js.key_value(names.USAGE_KV.name)
+    quota = TenantQuota(tenant_id="t-test", max_gpus={"l40s-48gb": 1})
+    await usage.put(names.tenant_quota_key("t-test"), quota.to_bytes())
+    first = await sim.launch()
+    await sim.wait_state(first, "scheduled")
+    second = await sim.launch()
+    held = await sim.wait_state(second, "queued")
+    assert held.reason.startswith("quota: 1 of 1 l40s-48gb in use by your tenant")
+    # The operator raises the quota: admitted at once, on the device that was free all along.
+    raised = TenantQuota(tenant_id="t-test", max_gpus={"l40s-48gb": 2})
+    await usage.put(names.tenant_quota_key("t-test"), raised.to_bytes())
+    await sim.wait_state(second, "scheduled")

@@ -106,6 +106,21 @@ class Settings(BaseSettings):
         default="127.0.0.1", description="Where /metrics listens: loopback unless set"
     )
 
+    # accounting and fair share
+    fair_share_half_life_h: float = Field(
+        default=24.0,
+        gt=0,
+        description="Half-life of past usage in fair share: an hour of GPU use counts half as "
+        "much this many hours later (Slurm's PriorityDecayHalfLife)",
+    )
+    accounting_metrics_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Serve accounting's Prometheus /metrics on this port of api_metrics_host; "
+        "unset: not served; 0: any free port",
+    )
+
 
 def settings_from(flags: Mapping[str, Any]) -> Settings:
     """Settings from a command's flags (None: not given, so `EINSORA_*` or the default

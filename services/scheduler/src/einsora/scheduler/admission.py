@@ -4,17 +4,26 @@ The rule (ADR-0003): a resuming workload goes back to the machine that holds its
 directory when it fits there; otherwise, and for every new workload, the best-fit machine (the
 one left with the fewest free devices of the class, or the fewest free cores). When nothing
 fits, the workload is queued. Each pool (a GPU class, or all CPU classes together) is a strict
-first-in first-out queue, oldest first: a workload is never placed while an older one of its
-pool waits, so a large request is not starved by a stream of small ones. A workload that no
-machine of the region could hold even when empty does not block the others.
+queue: a workload is never placed while one ahead of it in its pool waits, so a large request is
+not starved by a stream of small ones. Ahead means older in the CPU pool; in a GPU pool, of a
+tenant with less decayed recent GPU use, then older (fair share, ADR-0014). A workload that no
+machine of the region could hold even when empty, or that its tenant's quota holds, does not
+block the others.
 """
 
 from __future__ import annotations
 
 from einsora.common.schemas import Placement, Target, WorkloadState
-from einsora.scheduler import reasons, trust
+from einsora.scheduler import quotas, reasons, trust
 from einsora.scheduler.book import Book
-from einsora.scheduler.capacity import Demand, Grant, fit, free_cpus, free_memory_mib, serves
+from einsora.scheduler.capacity import (
+    Demand,
+    Grant,
+    fit,
+    free_cpus,
+    free_memory_mib,
+    serves,
+)
 from einsora.scheduler.model import Liveness, Machine, Row, Workload
 
 
@@ -34,19 +43,25 @@ def admit_queued(book: Book) -> None:
 
 def admit_pool(book: Book, pool: str) -> None:
     queue = book.queue.get(pool)
-    i = 0
-    while queue and i < len(queue):
-        workload = queue[i]
+    if not queue:
+        return
+    for workload in book.admission_order(pool):
         demand = book.demand_of(workload)
         assert demand is not None  # unknown classes fail before they are queued
+        over = quotas.refusal(book, workload, demand)
+        if over is not None:
+            # Its tenant's quota, not capacity, holds it: it does not hold up the others.
+            if workload.state is WorkloadState.queued and workload.reason != over:
+                workload.reason = over
+                book.note(workload, over)
+            continue
         grant = choose(book, workload, demand)
         if grant is not None:
-            del queue[i]
+            queue.remove(workload)
             place(book, workload, demand, grant)
             continue
         if book.ever_fits_for(workload, demand):
-            break  # strict order: nothing younger in this pool goes first
-        i += 1
+            break  # strict order: nothing after it in this pool goes first
     if not queue:
         book.queue.pop(pool, None)
 
@@ -134,6 +149,9 @@ def _why_not_home(machine: Machine) -> str:
 
 
 def _queued_reason(book: Book, workload: Workload, demand: Demand) -> str:
+    over = quotas.refusal(book, workload, demand)
+    if over is not None:
+        return over
     runtime_is_why = demand.runtime is not None and not book.ever_fits(demand)
     if runtime_is_why and book.ever_fits(demand.without_runtime()):
         return reasons.runtime_missing(book.region, demand)

@@ -15,22 +15,32 @@ import bisect
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from einsora.common import lifecycle
 from einsora.common.catalog import Catalog
 from einsora.common.schemas import (
     Endpoint,
     EventKind,
+    Metered,
     Placement,
     Route,
     Target,
+    TenantQuota,
+    TenantUsage,
     WorkloadEvent,
     WorkloadKind,
     WorkloadState,
     utcnow,
 )
 from einsora.scheduler import trust
-from einsora.scheduler.capacity import CapacityIndex, Demand, could_ever_fit, gpus_by_class
+from einsora.scheduler.capacity import (
+    CPU_POOL,
+    CapacityIndex,
+    Demand,
+    could_ever_fit,
+    gpus_by_class,
+)
 from einsora.scheduler.model import Machine, Row, Workload
 from einsora.scheduler.tokens import WorkloadTokens
 
@@ -101,6 +111,14 @@ class Book:
     ) -> None:
         self.region = region
         self.catalog = catalog
+        self.quotas: dict[str, TenantQuota] = {}
+        """Each tenant's quota (the `usage` bucket), by tenant id."""
+        self.usage: dict[str, TenantUsage] = {}
+        """Each tenant's recent use, from accounting (the `usage` bucket)."""
+        self.event_at: datetime | None = None
+        """When what is being decided happened, on this control plane's clock (the receipt of
+        an agent's report, a lost machine's last heartbeat); None: now. Events carry it, so
+        accounting meters from the moment of the change, never from an agent's clock."""
         self.tokens = tokens or WorkloadTokens.ephemeral()
         self.owner_tenant = owner_tenant
         """The tenant that owns the region's machines until enrolment says otherwise (trust.py)."""
@@ -195,6 +213,22 @@ class Book:
         """The trust filter: may `machine` take this workload's tenant (trust.py)."""
         return trust.may_run(machine, workload.tenant_id, self.owner_tenant)
 
+    def recent_use(self, tenant_id: str) -> float:
+        """The tenant's decayed recent GPU-hours (fair share's U; 0 with none reported)."""
+        usage = self.usage.get(tenant_id)
+        return usage.decayed_gpu_hours if usage is not None else 0.0
+
+    def gpus_in_use(self, tenant_id: str) -> dict[str, int]:
+        """Devices booked for the tenant's workloads now, by class."""
+        used: dict[str, int] = {}
+        for machine in self.machines.values():
+            for row in machine.rows.values():
+                if row.gpus:
+                    workload = self.workloads.get(row.workload_id)
+                    if workload is not None and workload.tenant_id == tenant_id:
+                        used[workload.class_name] = used.get(workload.class_name, 0) + len(row.gpus)
+        return used
+
     def replica_machines(self, workload: Workload) -> set[str]:
         """The machines other replicas of this endpoint are on (same tenant and name)."""
         if workload.kind is not WorkloadKind.endpoint or not workload.name:
@@ -273,9 +307,18 @@ class Book:
                     del self.queue[pool]
                 return
 
-    def queued_ahead(self, workload: Workload, pool: str) -> int:
+    def admission_order(self, pool: str) -> list[Workload]:
+        """The order a pool's workloads are admitted in (ADR-0014): a GPU pool by each
+        tenant's decayed recent GPU use (least first), then age; the CPU pool, and any pool
+        while no tenant has recent use, oldest first."""
         queue = self.queue.get(pool, [])
-        return queue.index(workload) if workload in queue else 0
+        if pool == CPU_POOL or not self.usage:
+            return list(queue)
+        return sorted(queue, key=lambda w: (self.recent_use(w.tenant_id), w.queue_key))
+
+    def queued_ahead(self, workload: Workload, pool: str) -> int:
+        order = self.admission_order(pool)
+        return order.index(workload) if workload in order else 0
 
     # --- timeline and routes ----------------------------------------------------------------
 
@@ -316,14 +359,32 @@ class Book:
             state=workload.state,
             reason=reason,
             seq=workload.seq,
-            at=utcnow(),
+            at=self.event_at or utcnow(),
             placement=placement,
             request_id=workload.request_id,
+            metered=self._metered(workload) if kind is EventKind.transition else None,
         )
         self.changes.events.append(
             OutboxEvent(event, workload.request_id or f"scheduler-{self.region}")
         )
         self.save_workload(workload)
+
+    def _metered(self, workload: Workload) -> Metered | None:
+        """What a placed workload holds, for accounting (None when it is on no machine)."""
+        placed = self.row_of(workload)
+        if placed is None:
+            return None
+        machine, row = placed
+        return Metered(
+            kind=workload.kind,
+            class_name=workload.class_name,
+            placed_class=workload.class_name,  # no fallback class is ever placed yet
+            region=self.region,
+            machine=machine.machine_id,
+            gpus=list(row.gpus),
+            cpus=row.cpus,
+            memory_mib=row.memory_mib,
+        )
 
     def set_route(self, workload: Workload, machine: Machine, endpoint: Endpoint) -> None:
         self.routes[workload.workload_id] = endpoint

@@ -33,6 +33,7 @@ from einsora.scheduler.machines import MachineReader
 from einsora.scheduler.model import Liveness
 from einsora.scheduler.observe import check_liveness
 from einsora.scheduler.projection import Projection, Projector
+from einsora.scheduler.quotas import apply_usage_key
 from einsora.scheduler.store import SchedulerStore, Snapshot
 from einsora.scheduler.tokens import WorkloadTokens
 from einsora.scheduler.watch import MachineKey
@@ -84,7 +85,15 @@ class _Replay:
     keys: list[MachineKey]
 
 
-_Input = _Intents | _Snapshot | MachineKey | _Tick | _Present | _Replay
+@dataclass
+class _UsageKey:
+    """A key of the `usage` bucket: a tenant's quota or recent use (None: deleted)."""
+
+    key: str
+    value: bytes | None
+
+
+_Input = _Intents | _Snapshot | MachineKey | _Tick | _Present | _Replay | _UsageKey
 
 
 @dataclass(frozen=True)
@@ -135,9 +144,12 @@ class Engine:
     async def load(self) -> None:
         """Rebuild the book from the store (at start, and after a failed commit)."""
         snapshot = await self.store.load(self.region)
+        old = self.book
         self.book = _book_from(
             snapshot, self.region, self.catalog, time.monotonic(), self.tokens, self.owner_tenant
         )
+        # Quotas and usage come from the bus, not the store: the mirror does not send them again.
+        self.book.quotas, self.book.usage = old.quotas, old.usage
         self.reader.forget_reports()
         self.projector.events = list(snapshot.outbox)
         self.projector.writing.clear()  # no projection is in flight at a (re)load
@@ -171,6 +183,10 @@ class Engine:
     def submit_key(self, key: MachineKey) -> None:
         self.reader.keep(key)
         self._queue.put_nowait(key)
+
+    def submit_usage(self, key: str, value: bytes | None) -> None:
+        """A tenant's quota or recent use changed (the `usage` bucket)."""
+        self._queue.put_nowait(_UsageKey(key, value))
 
     def submit_present(self, machine_ids: set[str]) -> None:
         """The machines whose desired key exists in the bucket now (from the audit)."""
@@ -290,6 +306,7 @@ class Engine:
     def _decide(self, items: list[_Input], fresh: list[tuple[WorkloadIntent, str | None]]) -> None:
         changes = self.book.changes
         now = time.monotonic()
+        quota_moved = False
         for item in items:
             if isinstance(item, MachineKey):
                 self.reader.apply(self.book, item, now, live=True)
@@ -304,10 +321,12 @@ class Engine:
             elif isinstance(item, _Replay):
                 for key in item.keys:
                     self.reader.apply(self.book, key, now, live=False)
+            elif isinstance(item, _UsageKey):
+                quota_moved |= apply_usage_key(self.book, item.key, item.value)
         for intent, request_id in fresh:
             with logs.bind(request_id=request_id, tenant=intent.tenant_id):
                 apply_intent(self.book, intent, request_id)
-        if changes.capacity_freed:
+        if changes.capacity_freed or quota_moved:
             admit_queued(self.book)
 
     async def _fresh(

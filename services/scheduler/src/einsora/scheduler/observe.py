@@ -14,6 +14,9 @@ what is no longer wanted, and takes new work once it has applied that.
 from __future__ import annotations
 
 import logging
+import math
+import time
+from datetime import datetime, timedelta
 
 from einsora.common.schemas import (
     Inventory,
@@ -22,6 +25,7 @@ from einsora.common.schemas import (
     ObservedWorkload,
     Target,
     WorkloadState,
+    utcnow,
 )
 from einsora.scheduler import reasons
 from einsora.scheduler.book import Book
@@ -88,6 +92,22 @@ def apply_observed(book: Book, observed: ObservedState, seen_at: float) -> None:
     machine = book.machines.get(observed.machine_id)
     if machine is None:
         return
+    # The changes it reports happened when the report arrived (our clock, not the agent's).
+    book.event_at = wall_clock_of(seen_at)
+    try:
+        _apply_observed(book, machine, observed, seen_at)
+    finally:
+        book.event_at = None
+
+
+def wall_clock_of(monotonic_s: float) -> datetime:
+    """The wall-clock moment of a monotonic reading taken on this host (now, if it is none:
+    a machine known only from the store has no reading until it reports)."""
+    ago = time.monotonic() - monotonic_s
+    return utcnow() - timedelta(seconds=ago) if math.isfinite(ago) and ago > 0 else utcnow()
+
+
+def _apply_observed(book: Book, machine: Machine, observed: ObservedState, seen_at: float) -> None:
     heartbeat(book, machine, seen_at)
     was_placeable = machine.placeable
     machine.observed_generation = observed.generation_applied
@@ -204,7 +224,12 @@ def _change_liveness(
             if workload.state in _CAN_FAIL or workload.state is WorkloadState.parking:
                 book.note(workload, reasons.suspect(machine.machine_id, silent_s, lost_after_s))
     elif new is Liveness.lost:
-        _lose(book, machine, mine, silent_s)
+        # Its workloads stopped being seen at its last heartbeat: their allocations end there.
+        book.event_at = wall_clock_of(machine.last_seen)
+        try:
+            _lose(book, machine, mine, silent_s)
+        finally:
+            book.event_at = None
     elif old is Liveness.suspect:
         for _, workload in mine:
             if workload.state in _CAN_FAIL or workload.state is WorkloadState.parking:

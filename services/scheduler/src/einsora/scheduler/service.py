@@ -28,6 +28,7 @@ from einsora.common.bus import (
     provision,
     request_id_of,
 )
+from einsora.common.bus.mirror import KvMirror
 from einsora.common.catalog import Catalog
 from einsora.common.errors import ConfigError, EinsoraError
 from einsora.common.schemas import WorkloadIntent, what_is_wrong
@@ -90,6 +91,7 @@ class SchedulerService:
         self._store: SchedulerStore | None = None
         self._engine: Engine | None = None
         self._watch: MachinesWatch | None = None
+        self._usage: KvMirror | None = None
         self._consumer: DurableConsumer | None = None
 
     @property
@@ -140,6 +142,16 @@ class SchedulerService:
             audit_s=self._audit_s,
         )
         await self._watch.start()
+        # Quotas (api) and recent use (accounting): admission never passes a tenant's quota.
+        self._usage = KvMirror(
+            self._nc,
+            js,
+            names.USAGE_KV,
+            on_put=engine.submit_usage,
+            on_delete=lambda key: engine.submit_usage(key, None),
+            audit_s=60.0,
+        )
+        await self._usage.start()
         await engine.clean_routes(await _route_keys(js, routes))
         self._consumer = DurableConsumer(
             js,
@@ -161,6 +173,9 @@ class SchedulerService:
         watch, self._watch = self._watch, None
         if watch is not None:
             await watch.stop()
+        usage, self._usage = self._usage, None
+        if usage is not None:
+            await usage.stop()
         engine, self._engine = self._engine, None
         if engine is not None:
             await engine.stop()

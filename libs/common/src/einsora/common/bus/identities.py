@@ -134,6 +134,10 @@ def service_permissions(identity: str) -> Permissions:
                 # the bucket at start-up to put right what a crash left (anti-entropy).
                 f"{names.GATEWAY_KEYS.subject_prefix}>",
                 *_reads_bucket(names.GATEWAY_KEYS),
+                # Usage reports come from accounting; quotas go to the scheduler through KV.
+                names.ACCOUNTING_REPORT_SUBJECT,
+                f"{names.USAGE_KV.subject_prefix}quota.*",
+                *_reads_bucket(names.USAGE_KV),
             ),
             publish_deny=(*_NEVER, names.DESIRED_SUBJECTS),
             subscribe=(inbox, names.ACCESS_REDEEM_SUBJECT, names.TOKENS_REVOKED_SUBJECT),
@@ -196,11 +200,13 @@ def service_permissions(identity: str) -> Permissions:
                 *_consumes(names.EVENTS.name),
                 *_consumes(names.USAGE.name),
                 "usage.allocation.*",
-                f"{names.USAGE_KV.subject_prefix}>",
-                f"$JS.API.STREAM.INFO.{names.USAGE_KV.stream}",
+                f"{names.USAGE_KV.subject_prefix}tenant.*",
+                *_reads_bucket(names.USAGE_KV),
+                *_provisions(names.USAGE_KV.stream),
             ),
             publish_deny=_NEVER,
-            subscribe=(inbox,),
+            subscribe=(inbox, names.ACCOUNTING_REPORT_SUBJECT),
+            allow_responses=True,
         )
     raise ValueError(f"no such service identity: {identity!r}")
 

@@ -91,6 +91,12 @@ TOKENS_REVOKED_SUBJECT: Final = "api.tokens.revoked"
 """Core NATS, api to api: these API tokens were revoked; every replica drops them from its
 cache of verified tokens at once (`TokensRevoked`)."""
 
+ACCOUNTING_REPORT_SUBJECT: Final = "accounting.report"
+"""Request/reply: the api asks accounting for a usage report (`UsageReportRequest`); queue
+group `accounting`."""
+
+ACCOUNTING_QUEUE_GROUP: Final = "accounting"
+
 API_QUEUE_GROUP: Final = "api"
 """Queue group of the api's request/reply handlers, so several api replicas share them."""
 
@@ -135,7 +141,7 @@ ROUTES: Final = BucketName(
 )
 USAGE_KV: Final = BucketName(
     "usage",
-    "Per-tenant recent usage and quota state (accounting → scheduler).",
+    "Per-tenant recent usage (accounting) and quotas (api), read by the scheduler.",
     max_value_size=64 * 1024,
     allow_rollup=False,
 )
@@ -211,8 +217,13 @@ def gateway_limit_key(key_id: str, minute: int) -> str:
 
 
 def tenant_usage_key(tenant_id: str) -> str:
-    """`tenant.<id>` in `usage`."""
+    """`tenant.<id>` in `usage`: its recent use (accounting)."""
     return f"tenant.{_token(tenant_id)}"
+
+
+def tenant_quota_key(tenant_id: str) -> str:
+    """`quota.<id>` in `usage`: its quota (api)."""
+    return f"quota.{_token(tenant_id)}"
 
 
 def agent_inbox_prefix(machine_id: str) -> str:

@@ -88,6 +88,20 @@ class Placement(Message):
     placed_class: str
 
 
+class Metered(Message):
+    """What accounting meters of a placed workload, carried by each of its transitions."""
+
+    kind: WorkloadKind
+    class_name: str
+    placed_class: str
+    region: str
+    machine: str
+    gpus: list[str] = Field(default_factory=list)
+    """The GPUs' uuids (their count is the GPUs metered)."""
+    cpus: float = 0
+    memory_mib: int = 0
+
+
 class WorkloadEvent(Message):
     """`event.workload.<id>`: one timeline entry, published by the scheduler.
 
@@ -106,3 +120,7 @@ class WorkloadEvent(Message):
     at: datetime = Field(default_factory=utcnow)
     placement: Placement | None = None
     request_id: str | None = None
+    metered: Metered | None = None
+    """On a transition of a placed workload: what it holds, for accounting. `at` is then the
+    moment the change happened on the control plane's clock: when the agent's report of it was
+    received (never the agent's own clock), and for a lost machine its last heartbeat."""
