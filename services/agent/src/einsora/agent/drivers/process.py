@@ -1,6 +1,7 @@
 """The `process` driver: a workload is a real local process in its own working directory.
 
-A notebook is a Jupyter server, an endpoint its `spec.command`; each runs in
+A notebook is a Jupyter server, an endpoint its runtime's server (llama.cpp, vLLM, MLX, or its
+`spec.command`) over a checked model file (`launch.prepare`); each runs in
 `<data_dir>/workloads/<id>/`, in a session of its own, its output in `logs/`. What a restarted
 agent needs to find it again (pid, start time, port, probe, uid) is its `record`; a process is
 adopted only when both pid and start time still match.
