@@ -38,6 +38,8 @@ ATTEMPTS: list[tuple[str, str, str, object]] = [
     ("GET", "/v1/tenants/{id}/members", "tenant_id", None),
     ("GET", "/v1/tenants/{id}/limits", "tenant_id", None),
     ("PUT", "/v1/tenants/{id}/limits", "tenant_id", {"max_workloads": 1}),
+    ("GET", "/v1/tenants/{id}/quota", "tenant_id", None),
+    ("PUT", "/v1/tenants/{id}/quota", "tenant_id", {"max_gpus_total": 1}),
     ("POST", "/v1/invitations/{id}/accept", "invitation_id", None),
     ("GET", "/v1/gateway/keys/{id}", "gateway_key_id", None),
     ("DELETE", "/v1/gateway/keys/{id}", "gateway_key_id", None),

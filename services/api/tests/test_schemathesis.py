@@ -92,9 +92,43 @@ def stop_api_process(api: ApiProcess) -> int:
 def api_process(
     nats_server: EmbeddedNats, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ApiProcess]:
-    api = start_api_process(nats_server.url, tmp_path_factory.mktemp("api-process"))
-    yield api
-    assert stop_api_process(api) == 0
+    data_dir = tmp_path_factory.mktemp("api-process")
+    api = start_api_process(nats_server.url, data_dir)
+    # Accounting answers GET /v1/usage; without it that route is a 503 by design.
+    accounting = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "einsora.accounting", "--nats", nats_server.url),
+            *("--database-url", f"sqlite+aiosqlite:///{data_dir / 'einsora.db'}"),
+            *("--data-dir", str(data_dir)),
+        ],
+        env={**os.environ, "EINSORA_LOG_LEVEL": "WARNING"},
+    )
+    try:
+        _wait_for_usage(api)
+        yield api
+    finally:
+        accounting.send_signal(signal.SIGTERM)
+        assert accounting.wait(timeout=20) == 0
+        assert stop_api_process(api) == 0
+
+
+def _wait_for_usage(api: ApiProcess, within_s: float = 30.0) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + within_s
+    request = urllib.request.Request(  # noqa: S310 (the api's own http URL)
+        f"{api.url}/v1/usage", headers={"Authorization": f"Bearer {api.token}"}
+    )
+    while True:
+        try:
+            with urllib.request.urlopen(request, timeout=5) as answer:  # noqa: S310 (our own)
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError("accounting did not answer usage reports in time")
+        time.sleep(0.2)
 
 
 # The served document is this same generated one (checked in test_http.py).

@@ -2,7 +2,8 @@
 start on free ports.
 
 Order: NATS first, then the proxy (so the api's access links name its real port), the api
-(which owns the store and creates the owner), the scheduler, the gateway, and last the agent;
+(which owns the store and creates the owner), the scheduler, accounting, the gateway, and last
+the agent;
 stopping goes
 in reverse, so the agent stops watching before the scheduler goes away. The services still talk only
 over NATS.
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from einsora.accounting.service import AccountingService
 from einsora.agent import identity as machine_identity
 from einsora.agent.service import AgentService, DriverName
 from einsora.api.bootstrap import owner_tenant_id
@@ -51,7 +53,8 @@ def check_ports(settings: Settings) -> None:
 
 
 class ControlPlane:
-    """NATS (unless external), api, scheduler, proxy, gateway and an agent for this machine."""
+    """NATS (unless external), api, scheduler, accounting, proxy, gateway and an agent for this
+    machine."""
 
     def __init__(
         self,
@@ -79,6 +82,7 @@ class ControlPlane:
         self.scheduler: SchedulerService | None = None
         self.proxy: ProxyService | None = None
         self.gateway: GatewayService | None = None
+        self.accounting: AccountingService | None = None
         self.agent: AgentService | None = None
         self._started: list[Service] = []
 
@@ -147,6 +151,8 @@ class ControlPlane:
         self.settings = s
         self.scheduler = SchedulerService(s)
         await self._start(self.scheduler)
+        self.accounting = AccountingService(s)
+        await self._start(self.accounting)
         self.gateway = GatewayService(s)
         await self._start(self.gateway)
         if s.gateway_port == 0:

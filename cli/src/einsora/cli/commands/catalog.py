@@ -1,15 +1,14 @@
-"""`einsora classes`, `machines`, `usage`, `login`: what there is, and who I am."""
+"""`einsora classes`, `machines`, `login`: what there is, and who I am."""
 
 from __future__ import annotations
 
 import argparse
 import getpass
 import os
-import sys
 from typing import Any
 
 from einsora.cli import render
-from einsora.cli.client import ApiClient, ApiRefused
+from einsora.cli.client import ApiClient
 from einsora.cli.config import save_login
 
 
@@ -49,23 +48,6 @@ def _machines(client: ApiClient, args: argparse.Namespace) -> int:
     return 0
 
 
-def _usage(client: ApiClient, args: argparse.Namespace) -> int:
-    try:
-        usage = client.get("/v1/usage")
-    except ApiRefused as exc:
-        if exc.status != 404:
-            raise
-        print(
-            "einsora: this control plane has no usage accounting yet (GET /v1/usage answered "
-            f"404; request ID {render.escape(exc.request_id)})",
-            file=sys.stderr,
-        )
-        return 1
-    # Accounting's figures are nested per tenant and resource; JSON is the readable form too.
-    render.as_json(usage)
-    return 0
-
-
 def _login(client: ApiClient, args: argparse.Namespace) -> int:
     token = os.environ.get("EINSORA_TOKEN") or getpass.getpass("API token (tsk_…): ").strip()
     checked = ApiClient(client.base_url, token)
@@ -87,6 +69,5 @@ def _none(_: argparse.ArgumentParser) -> None:
 COMMANDS = [
     ("classes", "list the GPU and CPU classes on offer", _none, _classes),
     ("machines", "list the machines and their inventory", _none, _machines),
-    ("usage", "show usage (allocations and tokens)", _none, _usage),
     ("login", "check an API token and save it for later commands", _none, _login),
 ]

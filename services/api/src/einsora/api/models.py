@@ -1,5 +1,6 @@
 """The api's tables (SQLAlchemy Core): tenants, users, members, invitations, API tokens,
-workloads, timeline, outbox, idempotency keys, access tickets, tenant limits and gateway keys.
+workloads, timeline, outbox, idempotency keys, access tickets, tenant limits, gateway keys and
+tenant quotas.
 
 The api owns these tables and no other service reads them (DESIGN.md). Every time is stored in
 UTC and read back timezone-aware; the migrations in `migrations/versions` create exactly this
@@ -227,4 +228,16 @@ gateway_keys = sa.Table(
         sqlite_where=sa.text("revoked_at IS NULL"),
         postgresql_where=sa.text("revoked_at IS NULL"),
     ),
+)
+
+tenant_quotas = sa.Table(
+    "tenant_quotas",
+    metadata,
+    sa.Column("tenant_id", ID, sa.ForeignKey("tenants.id"), primary_key=True),
+    # The operator's quota, each part optional (NULL or `{}`: no limit of that kind); the
+    # scheduler reads it from KV `usage/quota.<tenant>`, which `quotas_sync.py` keeps equal.
+    sa.Column("max_gpus", sa.Text(), nullable=False),  # JSON: GPU class -> devices at once
+    sa.Column("max_gpus_total", sa.Integer(), nullable=True),
+    sa.Column("gpu_hours_per_7d", sa.Float(), nullable=True),
+    sa.Column("updated_at", UtcDateTime(), nullable=False),
 )

@@ -3,7 +3,8 @@
 `start()` applies the migrations, makes the owner on the first start, connects to NATS and
 provisions it, starts the timeline consumer, the machines view, the outbox relay and
 anti-entropy (which provisions again if NATS comes back empty, and republishes lost intents;
-ADR-0011) and the gateway keys sync (KV `gateway_keys` equal to the store's live keys), then
+ADR-0011), the gateway keys sync (KV `gateway_keys` equal to the store's live keys) and the
+tenant quotas sync (the `quota.*` keys of KV `usage` equal to the store's quotas), then
 serves HTTP with uvicorn in this process and returns once it accepts connections. `stop()`
 undoes all of it, in reverse, and may be called twice.
 """
@@ -32,8 +33,10 @@ from einsora.api.machines import MachinesView
 from einsora.api.metrics import ApiMetrics, metrics_app
 from einsora.api.middleware import edge_protocol
 from einsora.api.outbox import OutboxRelay
+from einsora.api.quotas_sync import QuotasSync
 from einsora.api.redeemer import TicketRedeemer
 from einsora.api.revocations import Revocations
+from einsora.api.services.usage import Accounting
 from einsora.api.store import Store
 from einsora.api.timeline import TimelineConsumer
 from einsora.common.bus import connect_as, identities, provision
@@ -90,6 +93,8 @@ class ApiService:
         self.anti_entropy: AntiEntropy | None = None
         self.gateway_keys: GatewayKeysSync | None = None
         """Keeps KV `gateway_keys` equal to the live gateway keys (once started)."""
+        self.quotas: QuotasSync | None = None
+        """Keeps the `quota.*` keys of KV `usage` equal to the tenants' quotas (once started)."""
         self._machines = MachinesView()
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
@@ -136,6 +141,8 @@ class ApiService:
             await self.anti_entropy.start()
             self.gateway_keys = GatewayKeysSync(self.store, self.nc, js, clock=self._now)
             await self.gateway_keys.start()
+            self.quotas = QuotasSync(self.store, self.nc, js)
+            await self.quotas.start()
             self._redeemer = TicketRedeemer(self.store, self.nc, clock=self._now)
             await self._redeemer.start()
             tokens = self.tokens = VerifiedTokens()
@@ -156,6 +163,8 @@ class ApiService:
             await self._serve_metrics(ctx.metrics)
             app = create_app(ctx)
             app.state.gateway_keys = self.gateway_keys  # the key routes write KV through it
+            app.state.quotas = self.quotas  # the quota routes too
+            app.state.accounting = Accounting(self.nc)  # usage reports ask accounting
             config = uvicorn.Config(
                 app,
                 # httptools where installed, else h11, with the api's JSON answer to what it
@@ -223,6 +232,9 @@ class ApiService:
         if self._revocations is not None:
             await self._revocations.stop()
             self._revocations = None
+        if self.quotas is not None:
+            await self.quotas.stop()
+            self.quotas = None
         if self.gateway_keys is not None:
             await self.gateway_keys.stop()
             self.gateway_keys = None

@@ -27,7 +27,8 @@ class ReportGroup(StrEnum):
     day = "day"
 
 
-MAX_REPORT_ITEMS = 10_000
+MAX_REPORT_ITEMS = 5_000
+"""Groups in one reply: about 136 bytes each as JSON, so they fit one NATS message (1 MB)."""
 
 
 class UsageReportRequest(Message):

@@ -13,8 +13,10 @@ from einsora.api.routers import (
     gateway_keys,
     health,
     limits,
+    quotas,
     tenants,
     tokens,
+    usage,
     workloads,
 )
 
@@ -24,6 +26,8 @@ ROUTERS: tuple[APIRouter, ...] = (
     catalog.router,
     tenants.router,
     limits.router,
+    quotas.router,
+    usage.router,
     tokens.router,
     gateway_keys.router,
     health.router,
