@@ -103,6 +103,8 @@ class Counter:
     def __init__(self, client: aiohttp.ClientSession, *, timeout_s: float = TOKENIZE_TIMEOUT_S):
         self._client = client
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._added: dict[tuple[str, int], int] = {}
+        """Tokens each upstream's tokenizer adds to any text (llama.cpp's: a BOS token)."""
 
     async def prompt(self, route: Route, api: Api, body: Mapping[str, Any]) -> Count:
         if route.runtime == SIM:
@@ -125,9 +127,22 @@ class Counter:
         return Count(estimate(text), CountSource.estimate)
 
     async def tokenize(self, route: Route, text: str) -> int | None:
-        """How many tokens the upstream's own tokenizer makes of `text` (None: it did not say)."""
+        """How many tokens the upstream's own tokenizer makes of `text` (None: it did not say),
+        less the ones it adds to any text (llama.cpp's server prepends BOS), which the text
+        itself is not."""
         if not text:
             return 0
+        where = (route.host, route.port)
+        added = self._added.get(where)
+        if added is None:
+            added = await self._tokens(route, "")
+            if added is None:
+                return None
+            self._added[where] = added
+        counted = await self._tokens(route, text)
+        return None if counted is None else max(0, counted - added)
+
+    async def _tokens(self, route: Route, text: str) -> int | None:
         headers = {"Authorization": f"Bearer {route.token}"} if route.token else None
         url = f"http://{route.host}:{route.port}{TOKENIZE_PATH}"
         try:
