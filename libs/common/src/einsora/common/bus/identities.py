@@ -138,6 +138,10 @@ def service_permissions(identity: str) -> Permissions:
                 names.ACCOUNTING_REPORT_SUBJECT,
                 f"{names.USAGE_KV.subject_prefix}quota.*",
                 *_reads_bucket(names.USAGE_KV),
+                # It enrols and revokes machines (from its store), and lists the bucket at
+                # start-up to put right what a crash left.
+                f"{names.ENROLMENTS.subject_prefix}*",
+                *_reads_bucket(names.ENROLMENTS),
             ),
             publish_deny=(*_NEVER, names.DESIRED_SUBJECTS),
             subscribe=(inbox, names.ACCESS_REDEEM_SUBJECT, names.TOKENS_REVOKED_SUBJECT),
@@ -157,6 +161,7 @@ def service_permissions(identity: str) -> Permissions:
                 f"{names.ROUTES.subject_prefix}>",
                 *_consumes(names.ROUTES.stream),
                 *_reads_bucket(names.USAGE_KV),
+                *_reads_bucket(names.ENROLMENTS),
             ),
             publish_deny=(
                 *_NEVER,
@@ -173,6 +178,8 @@ def service_permissions(identity: str) -> Permissions:
                 *_provisions(names.ROUTES.stream),
                 names.ACCESS_REDEEM_SUBJECT,
                 *_reads_bucket(names.ROUTES),
+                # Its tunnel hub knows each machine by the key in its enrolment.
+                *_reads_bucket(names.ENROLMENTS),
             ),
             publish_deny=_NEVER,
             subscribe=(inbox,),

@@ -160,7 +160,14 @@ GATEWAY_LIMITS: Final = BucketName(
     allow_rollup=False,
     max_age_s=180.0,
 )
-BUCKETS: Final = (MACHINES, ROUTES, USAGE_KV, GATEWAY_KEYS, GATEWAY_LIMITS)
+ENROLMENTS: Final = BucketName(
+    "enrolments",
+    "Each enrolled machine's owner, region, sharing level, tunnel key and revocation, decided "
+    "on the control plane at enrolment, never by the agent (api → scheduler, tunnel hub).",
+    max_value_size=16 * 1024,
+    allow_rollup=False,
+)
+BUCKETS: Final = (MACHINES, ROUTES, USAGE_KV, GATEWAY_KEYS, GATEWAY_LIMITS, ENROLMENTS)
 
 
 def desired_key(machine_id: str) -> str:
@@ -199,6 +206,11 @@ def desired_watch_consumer(machine_id: str) -> str:
     `$JS.API.CONSUMER.CREATE.KV_machines.<m>_desired.$KV.machines.<m>.desired`.
     """
     return f"{_token(machine_id)}_desired"
+
+
+def enrolment_key(machine_id: str) -> str:
+    """`<machine>` in `enrolments`."""
+    return _token(machine_id)
 
 
 def route_key(workload_id: str) -> str:

@@ -20,6 +20,7 @@ from einsora.common.schemas.machine import (
     DesiredState,
     DesiredWorkload,
     Endpoint,
+    Enrolment,
     Gpu,
     GpuHealth,
     Inventory,
@@ -27,6 +28,7 @@ from einsora.common.schemas.machine import (
     ObservedState,
     ObservedWorkload,
     Resources,
+    SharingLevel,
     Target,
 )
 from einsora.common.schemas.usage import (
@@ -62,6 +64,7 @@ __all__ = [
     "Endpoint",
     "EndpointRuntime",
     "EndpointSpec",
+    "Enrolment",
     "EventKind",
     "GatewayKey",
     "Gpu",
@@ -77,6 +80,7 @@ __all__ = [
     "ReportGroup",
     "Resources",
     "Route",
+    "SharingLevel",
     "SimEndpoint",
     "Target",
     "TenantQuota",

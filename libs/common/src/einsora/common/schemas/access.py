@@ -30,6 +30,9 @@ class Route(Message):
     runtime: str | None = None
     """An endpoint's runtime (`EndpointRuntime`), so the gateway knows how to count its tokens;
     `sim` when the sim driver simulates it."""
+    via_tunnel: bool = False
+    """Reached through the tunnel machine `machine_id`'s agent dialed (`host` and `port` are then
+    the workload's address on that machine); False: directly at `host:port`."""
 
 
 class AccessRedeemRequest(Message):

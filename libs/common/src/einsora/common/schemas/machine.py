@@ -137,3 +137,36 @@ class Inventory(Message):
     simulates them all."""
     agent_version: str = ""
     at: datetime = Field(default_factory=utcnow)
+
+
+class SharingLevel(StrEnum):
+    """Who may use a machine besides its owner's tenant."""
+
+    private = "private"
+    invite_only = "invite-only"
+    community = "community"
+
+
+class Enrolment(Message):
+    """`enrolments/<machine>`: what the control plane decided when the machine joined.
+
+    The machine's owner, region and sharing level come from here, never from its inventory.
+    A revoked machine keeps its record (with `revoked_at`), so nothing it reports is taken again.
+    """
+
+    machine_id: str
+    owner_tenant_id: str
+    owner_user_id: str | None = None
+    region: str
+    sharing: SharingLevel = SharingLevel.private
+    tunnel: bool = False
+    """Its workloads are reached through the tunnel its agent dials (it accepts no inbound
+    connection); False: directly at the address the agent reports (Solo, the same host)."""
+    tunnel_key: str | None = None
+    """The agent's SSH public key (OpenSSH format): the tunnel hub knows the machine by it."""
+    enrolled_at: datetime = Field(default_factory=utcnow)
+    revoked_at: datetime | None = None
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
