@@ -64,6 +64,30 @@ class Settings(BaseSettings):
     proxy_tls: bool = Field(
         default=False, description="Sites are served over TLS (by a front that terminates it)"
     )
+    tunnel_port: int = Field(
+        default=8083,
+        ge=0,
+        le=65535,
+        description="Where agents of machines that accept no inbound connection dial their "
+        "tunnel (ADR-0015); 0: any free port",
+    )
+    tunnel_host: str | None = Field(
+        default=None, description="The tunnel's listen address; unset: bind_host"
+    )
+    nats_listen: str | None = Field(
+        default=None,
+        description="Solo: where its embedded NATS also listens for machines that join from "
+        "elsewhere (`host` or `host:port`), with the auth callout on; unset: 127.0.0.1 only",
+    )
+    nats_tls_cert: Path | None = Field(
+        default=None, description="TLS certificate (PEM) for NATS clients; with nats_tls_key"
+    )
+    nats_tls_key: Path | None = Field(default=None, description="TLS key (PEM) for NATS")
+    public_url: str | None = Field(
+        default=None,
+        description="The api's address as machines elsewhere reach it (join responses name "
+        "it); unset: http://<bind_host>:<api_port>",
+    )
     log_level: str = "INFO"
     log_format: str = Field(default="json", pattern="^(json|text)$")
 
