@@ -17,9 +17,9 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.kv import KeyValue
 
-from einsora.common.bus import message_headers, names
+from einsora.common.bus import bind_bucket, message_headers, names
 from einsora.common.ids import new_id
-from einsora.common.schemas import Gpu, Inventory, WorkloadIntent, WorkloadKind
+from einsora.common.schemas import Enrolment, Gpu, Inventory, WorkloadIntent, WorkloadKind
 
 API_CLIENTS = 64
 """Requests in flight during the burst: a burst is many people (or one script) at once."""
@@ -169,6 +169,21 @@ class KvObserver:
             self._task.cancel()
 
 
+async def enrol(js: JetStreamContext, machine_ids: list[str], owner_tenant_id: str) -> None:
+    """Enrol the sim machines as the api does (the scheduler counts only enrolled machines)."""
+    kv = bind_bucket(js, names.ENROLMENTS)
+    for machine_id in machine_ids:
+        enrolment = Enrolment(
+            machine_id=machine_id, owner_tenant_id=owner_tenant_id, region="local"
+        )
+        await kv.put(names.enrolment_key(machine_id), enrolment.to_bytes())
+
+
+def sim_machine_ids(count: int) -> list[str]:
+    """The ids KvSimMachines writes."""
+    return [f"m-sim{i:05d}" for i in range(count)]
+
+
 class KvSimMachines:
     """Writes fake machines' inventories, as sim agents would."""
 
@@ -176,8 +191,7 @@ class KvSimMachines:
         self._kv = kv
 
     async def join(self, count: int) -> None:
-        for i in range(count):
-            machine_id = f"m-sim{i:05d}"
+        for machine_id in sim_machine_ids(count):
             inventory = Inventory(
                 machine_id=machine_id,
                 region="local",

@@ -47,10 +47,13 @@ from _admission_seams import (
     KvObserver,
     KvSimMachines,
     Launcher,
+    enrol,
+    sim_machine_ids,
 )
 from _bus_figures import durable_write_ceiling, stored_messages, until_digested
 from _harness import DEFAULT_POSTGRES, fresh_postgres, load, report, summary_ms
 
+from einsora.agent.identity import sim_machine_ids as agent_machine_ids
 from einsora.common.bus import connect, names, provision
 from einsora.common.embedded_nats import EmbeddedNats
 from einsora.common.ids import new_id
@@ -164,6 +167,12 @@ async def run(
             IntentLauncher(js)
             if direct
             else await _api_launcher(tmp, server.url, processes, database_url)
+        )
+        # The bench plays the api's enrolment of the machines (the agent's ids are its own).
+        await enrol(
+            js,
+            agent_machine_ids("m-sim", machines) if agent else sim_machine_ids(machines),
+            "t-bench",
         )
         silence = [] if agent else ["--suspect-after", "3600", "--lost-after", "7200"]
         database = database_url or f"sqlite+aiosqlite:///{tmp}/scheduler.db"

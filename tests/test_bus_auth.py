@@ -21,7 +21,7 @@ import pytest_asyncio
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from einsora.common.bus import bind_bucket, connect, identities, names, provision
+from einsora.common.bus import accounts, bind_bucket, connect, identities, names, provision
 from einsora.common.bus.identities import Identity
 from einsora.common.embedded_nats import EmbeddedNats
 from einsora.common.errors import ConfigError
@@ -49,8 +49,16 @@ def locked_bus(tmp_path: Path) -> Iterator[Identities]:
         identities.ensure_identity(credentials, MACHINE),
         identities.agent_permissions(MACHINE),
     )
+    # The accounts layout Solo writes (ControlPlane._authorization): static users plus the
+    # auth callout for machines from elsewhere (none answers it here, so they are refused).
+    conf = accounts.server_auth_conf(
+        users,
+        callout=identities.ensure_identity(credentials, identities.CALLOUT),
+        system=identities.ensure_identity(credentials, identities.SYSTEM),
+        issuer_public_key=identities.ensure_issuer(credentials).public_key,
+    )
     server = EmbeddedNats(
-        tmp_path / "nats", port=0, authorization=identities.authorization_conf(users)
+        tmp_path / "nats", port=0, authorization=conf, app_account=accounts.APP_ACCOUNT
     )
     server.start()
     try:

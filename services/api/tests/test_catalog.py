@@ -15,7 +15,7 @@ from einsora.common.schemas import (
     ObservedState,
     ObservedWorkload,
 )
-from einsora.common.testing import Bus
+from einsora.common.testing import Bus, enrol
 
 HEARTBEAT = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -82,13 +82,24 @@ async def test_machines_classes_and_regions_follow_the_inventories(
     )
     await kv.put(names.observed_key("m-gpu"), observed.to_bytes())
     await kv.put(names.inventory_key("m-junk"), b"{not json")
+    # Regions are the enrolments' (the api's), whatever an inventory claims; a machine that is
+    # not enrolled is listed, but offers nothing anywhere.
+    await enrol(bus.js, "m-gpu", region="lab")
+    await enrol(bus.js, "m-small", region="home")
+    stray = _inventory("m-stray", "lab", 64, 512, [l40s])
+    await kv.put(names.inventory_key("m-stray"), stray.to_bytes())
 
-    async def both_seen() -> bool:
-        machines = (await api.owner.get("/v1/machines")).body["items"]
-        return len(machines) == 2 and any(m["heartbeat_at"] for m in machines)
+    async def all_seen() -> bool:
+        machines = {m["id"]: m for m in (await api.owner.get("/v1/machines")).body["items"]}
+        return (
+            len(machines) == 3
+            and bool(machines.get("m-gpu", {}).get("heartbeat_at"))
+            and all(machines[m]["enrolment"] for m in ("m-gpu", "m-small"))
+        )
 
-    await eventually(both_seen)
+    await eventually(all_seen)
     machines = {m["id"]: m for m in await _all(api, "/v1/machines")}
+    assert (machines["m-stray"]["region"], machines["m-stray"]["enrolment"]) == (None, None)
     assert machines["m-gpu"]["region"] == "lab"
     assert machines["m-gpu"]["workloads"] == 1
     assert machines["m-gpu"]["heartbeat_at"] == "2026-11-29T12:00:00Z"
@@ -118,7 +129,8 @@ async def test_machines_classes_and_regions_follow_the_inventories(
     await kv.delete(names.inventory_key("m-small"))
 
     async def gone() -> bool:
-        return len((await api.owner.get("/v1/machines")).body["items"]) == 1
+        machines = {m["id"]: m for m in (await api.owner.get("/v1/machines")).body["items"]}
+        return machines["m-small"]["inventory"] is None  # still enrolled, so still listed
 
     await eventually(gone)
 
@@ -127,6 +139,7 @@ async def test_an_apple_class_is_offered_by_a_mac_with_enough_memory(
     api: RunningApi, bus: Bus
 ) -> None:
     kv = bind_bucket(bus.js, names.MACHINES)
+    await enrol(bus.js, "m-mac", region="home")
     await kv.put(names.inventory_key("m-mac"), _mac("m-mac", "home", 36).to_bytes())
 
     async def offered() -> bool:
@@ -141,6 +154,7 @@ async def test_an_apple_class_is_offered_by_a_mac_with_enough_memory(
 async def test_a_64_gb_mac_offers_every_apple_class_up_to_64_gb(api: RunningApi, bus: Bus) -> None:
     # The scheduler places the same classes on it (services/scheduler/tests/test_catalog_match.py).
     kv = bind_bucket(bus.js, names.MACHINES)
+    await enrol(bus.js, "m-mac64", region="studio")
     await kv.put(names.inventory_key("m-mac64"), _mac("m-mac64", "studio", 64).to_bytes())
 
     async def offered() -> bool:

@@ -71,7 +71,9 @@ async def test_openapi_is_generated_from_the_route_table(shared_api: RunningApi)
     assert document == openapi_document()
     assert document["openapi"].startswith("3.1")
     documented = {(m.upper(), p) for p, ops in document["paths"].items() for m in ops}
-    declared = {(m, r.path) for r in _routes() if r.include_in_schema for m in r.methods or ()}
+    declared = {
+        (m, r.path_format) for r in _routes() if r.include_in_schema for m in r.methods or ()
+    }
     assert documented == declared
     create = document["paths"]["/v1/workloads"]["post"]
     schema = document["components"]["schemas"]["WorkloadCreate"]
@@ -107,9 +109,9 @@ def test_every_operation_documents_what_its_dependencies_answer() -> None:
             continue
         calls = _calls(route)
         for method in route.methods or ():
-            operation = document["paths"][route.path][method.lower()]
+            operation = document["paths"][route.path_format][method.lower()]
             statuses = {int(s) for s in operation["responses"]}
-            where = (method, route.path)
+            where = (method, route.path_format)
             authenticated = bool(calls & set(AUTHENTICATED))
             assert ("security" in operation) == authenticated, where
             if authenticated:

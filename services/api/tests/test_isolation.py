@@ -20,6 +20,8 @@ class Victim:
     token_id: str
     invitation_id: str
     gateway_key_id: str
+    join_token_id: str
+    machine_id: str
     client: Client
 
 
@@ -43,12 +45,14 @@ ATTEMPTS: list[tuple[str, str, str, object]] = [
     ("POST", "/v1/invitations/{id}/accept", "invitation_id", None),
     ("GET", "/v1/gateway/keys/{id}", "gateway_key_id", None),
     ("DELETE", "/v1/gateway/keys/{id}", "gateway_key_id", None),
+    ("DELETE", "/v1/machines/join-tokens/{id}", "join_token_id", None),
+    ("DELETE", "/v1/machines/{id}", "machine_id", None),
 ]
 
 
 def test_the_table_covers_every_route_with_an_id() -> None:
     routes = [r for router in ROUTERS for r in router.routes if isinstance(r, APIRoute)]
-    with_ids = {(m, r.path) for r in routes if "{" in r.path for m in r.methods or ()}
+    with_ids = {(m, r.path_format) for r in routes if "{" in r.path for m in r.methods or ()}
     assert with_ids == {(method, path) for method, path, _, _ in ATTEMPTS}
 
 
@@ -64,6 +68,12 @@ async def _victim(api: RunningApi) -> Victim:
     gateway_key = await client.post("/v1/gateway/keys", {"name": "victim's"})
     # An open invitation of the victim's tenant, to an existing user who is not the intruder.
     invitation = await client.post(f"/v1/tenants/{tenant_id}/invitations", {"username": "owner"})
+    # A join token, and a machine enrolled with another one.
+    join_token = await client.post("/v1/machines/join-tokens", {"tunnel": False})
+    spent = await client.post("/v1/machines/join-tokens", {"tunnel": False})
+    machine = await api.client(None).post(
+        "/v1/machines/join", {"token": spent.body["token"], "hostname": "victim's"}
+    )
     assert api.service.store is not None
     async with api.service.store.write() as conn:  # so every action would be allowed
         for wid, state in ((running.body["id"], "running"), (parked.body["id"], "parked")):
@@ -77,6 +87,8 @@ async def _victim(api: RunningApi) -> Victim:
         token.body["id"],
         invitation.body["id"],
         gateway_key.body["id"],
+        join_token.body["id"],
+        machine.body["machine_id"],
         client,
     )
 
@@ -111,6 +123,10 @@ async def test_another_tenants_objects_answer_404_on_every_route(api_on_store: R
         if i["accepted_at"] is None and i["revoked_at"] is None
     ]
     assert still_open == [victim.invitation_id]
+    join_tokens = await victim.client.get("/v1/machines/join-tokens")
+    assert victim.join_token_id in [t["id"] for t in join_tokens.body["items"]]
+    machines = {m["id"]: m for m in (await victim.client.get("/v1/machines")).body["items"]}
+    assert machines[victim.machine_id]["enrolment"]["revoked_at"] is None
 
 
 async def test_lists_show_only_the_callers_tenant(api: RunningApi) -> None:

@@ -35,7 +35,7 @@ from einsora.common.schemas import (
     utcnow,
 )
 from einsora.common.settings import Settings
-from einsora.common.testing import Bus
+from einsora.common.testing import Bus, enrol
 from einsora.scheduler import SchedulerService
 
 T = TypeVar("T")
@@ -284,8 +284,15 @@ class Sim:
 
     # --- playing the agents -----------------------------------------------------------------
 
-    async def join(self, machine_id: str, **kwargs: Any) -> Inventory:
+    async def join(
+        self, machine_id: str, *, enrolled: str | None = "same", **kwargs: Any
+    ) -> Inventory:
+        """Enrol the machine (as the api would: in the inventory's region unless `enrolled`
+        names another; None: not enrolled) and write its inventory (as its agent would)."""
         inv = inventory(machine_id, **kwargs)
+        if enrolled is not None:
+            region = inv.region if enrolled == "same" else enrolled
+            await enrol(self.bus.js, machine_id, region=region)
         await self.machines.put(names.inventory_key(machine_id), inv.to_bytes())
         return inv
 

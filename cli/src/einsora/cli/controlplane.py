@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,8 @@ from einsora.agent import identity as machine_identity
 from einsora.agent.service import AgentService, DriverName
 from einsora.api.bootstrap import owner_tenant_id
 from einsora.api.service import ApiService
-from einsora.common.bus import identities
+from einsora.api.services.machines import enrol_own
+from einsora.common.bus import accounts, identities
 from einsora.common.embedded_nats import EmbeddedNats, port_is_free
 from einsora.common.errors import PortInUse
 from einsora.common.files import make_private
@@ -41,6 +43,7 @@ def check_ports(settings: Settings) -> None:
         (settings.api_port, "API and dashboard", "--api-port or EINSORA_API_PORT"),
         (settings.proxy_port, "access proxy", "--proxy-port or EINSORA_PROXY_PORT"),
         (settings.gateway_port, "inference gateway", "--gateway-port or EINSORA_GATEWAY_PORT"),
+        (settings.tunnel_port, "tunnel hub", "EINSORA_TUNNEL_PORT"),
     ]
     if settings.nats_url is None:
         wanted.append((settings.nats_port, "embedded NATS", "--nats-port or EINSORA_NATS_PORT"))
@@ -72,10 +75,16 @@ class ControlPlane:
             # machine's agent, gets an identity of its own, made once and kept in the data dir.
             credentials = settings.data_dir / "bus"
             make_private(settings.data_dir)
+            tls = None
+            if settings.nats_tls_cert is not None and settings.nats_tls_key is not None:
+                tls = (settings.nats_tls_cert, settings.nats_tls_key)
             self.nats = EmbeddedNats(
                 settings.data_dir / "nats",
                 port=settings.nats_port,
+                host=settings.nats_listen or "127.0.0.1",
                 authorization=self._authorization(credentials),
+                app_account=accounts.APP_ACCOUNT,
+                tls=tls,
             )
             self.settings = settings.model_copy(update={"nats_credentials_dir": credentials})
         self.api: ApiService | None = None
@@ -101,17 +110,19 @@ class ControlPlane:
                 identities.ACCOUNTING,
             )
         }
-        agent = machine_identity.resolve_machine_id(
-            self.settings.data_dir, self._agent_options.get("machine_id")
-        )
-        machines = machine_identity.sim_machine_ids(
-            agent, self._agent_options.get("sim_machines", 1)
-        )
+        agent, machines = self._agent_identity(), self._own_machine_ids()
         users[agent] = (
             identities.ensure_identity(credentials, agent),
             identities.agent_permissions(agent, machines),
         )
-        return identities.authorization_conf(users)
+        # The accounts layout, always: the services and this agent are static users; machines
+        # that join from elsewhere get their sessions from the api's auth callout (issue 14).
+        return accounts.server_auth_conf(
+            users,
+            callout=identities.ensure_identity(credentials, identities.CALLOUT),
+            system=identities.ensure_identity(credentials, identities.SYSTEM),
+            issuer_public_key=identities.ensure_issuer(credentials).public_key,
+        )
 
     @property
     def nats_url(self) -> str:
@@ -132,23 +143,39 @@ class ControlPlane:
         make_private(self.settings.data_dir)
         if self.nats is not None:
             self.nats.start()
-            # Services connect to the server we started, wherever it listens.
-            self.settings = self.settings.model_copy(update={"nats_url": self.nats.url})
+            # Services connect to the server we started, on this host; machines elsewhere to
+            # the address it listens on.
+            scheme = "tls" if self.nats.tls is not None else "nats"
+            local = f"{scheme}://127.0.0.1:{self.nats.port}"
+            update: dict[str, Any] = {"nats_url": local}
+            listen = self.settings.nats_listen
+            if listen:
+                wildcard = listen in ("0.0.0.0", "::")  # noqa: S104 (a comparison)
+                advertised = socket.getfqdn() if wildcard else listen
+                update["agent_nats_url"] = f"{scheme}://{advertised}:{self.nats.port}"
+                update["bind_host"] = listen
+            self.settings = self.settings.model_copy(update=update)
         s = self.settings
         # The proxy first: the api's access links name the port it really listens on.
         self.proxy = ProxyService(s)
         await self._start(self.proxy)
         if s.proxy_port == 0:
             s = s.model_copy(update={"proxy_port": self.proxy.port})
+        if s.tunnel_port == 0 and self.proxy.hub is not None:
+            # Join replies name the port the hub really listens on.
+            s = s.model_copy(update={"tunnel_port": self.proxy.hub.port})
         self.api = ApiService(s)
         await self._start(self.api)
         if s.api_port == 0:
             s = s.model_copy(update={"api_port": self.api_port})
+        assert self.api.store is not None
+        owner = await owner_tenant_id(self.api.store)
         if s.machine_owner_tenant is None:
             # This machine is the owner's: weak isolation (`process`) runs its tenant only.
-            assert self.api.store is not None
-            s = s.model_copy(update={"machine_owner_tenant": await owner_tenant_id(self.api.store)})
+            s = s.model_copy(update={"machine_owner_tenant": owner})
         self.settings = s
+        if owner is not None:  # api.start() made the owner, so it is always there
+            await self._enrol_own_machines(owner)
         self.scheduler = SchedulerService(s)
         await self._start(self.scheduler)
         self.accounting = AccountingService(s)
@@ -160,6 +187,33 @@ class ControlPlane:
             self.settings = s
         self.agent = AgentService(s, driver=self._agent_driver, **self._agent_options)
         await self._start(self.agent)
+
+    async def _enrol_own_machines(self, owner: str) -> None:
+        """This machine (and a sim agent's machines) are the owner's, reached directly: enrolled
+        before the scheduler starts, so it counts them from its first read."""
+        assert self.api is not None
+        assert self.api.store is not None
+        enrolled = await enrol_own(
+            self.api.store,
+            self._own_machine_ids(),
+            owner_tenant_id=owner,
+            region=self.settings.region,
+            hostname=socket.gethostname(),
+        )
+        if self.api.enrolments is not None:
+            for enrolment in enrolled:
+                await self.api.enrolments.put(enrolment)
+
+    def _agent_identity(self) -> str:
+        """The agent's bus identity: its (first) machine's id, or a sim agent's base id."""
+        return machine_identity.resolve_machine_id(
+            self.settings.data_dir, self._agent_options.get("machine_id")
+        )
+
+    def _own_machine_ids(self) -> list[str]:
+        return machine_identity.sim_machine_ids(
+            self._agent_identity(), self._agent_options.get("sim_machines", 1)
+        )
 
     async def _start(self, service: Service) -> None:
         await service.start()

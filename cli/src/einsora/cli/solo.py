@@ -35,6 +35,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--proxy-port", type=int, help="access proxy port (default 8081)")
     parser.add_argument("--gateway-port", type=int, help="inference gateway port (default 8082)")
     parser.add_argument("--nats-port", type=int, help="embedded NATS port (default 4222)")
+    parser.add_argument(
+        "--listen",
+        metavar="HOST",
+        help="also accept machines that join from elsewhere: NATS, the api and the tunnel "
+        "listen on HOST (e.g. 0.0.0.0), agents authenticate with their own credentials "
+        "(EINSORA_NATS_LISTEN)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -45,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         "proxy_port": args.proxy_port,
         "gateway_port": args.gateway_port,
         "nats_port": args.nats_port,
+        "nats_listen": args.listen,
     }
     try:
         settings = settings_from(flags)
@@ -128,6 +136,12 @@ def _greet(plane: ControlPlane, settings: Settings) -> None:
         ]
     else:
         lines.append(f"Owner token: {token_file}")
+    if plane.settings.nats_listen:
+        lines += [
+            "",
+            f"Machines elsewhere can join: NATS at {plane.settings.agent_nats_url}, tunnel port "
+            f"{plane.settings.tunnel_port}. Make a token with `{cli} machines join-token`.",
+        ]
     lines.append("Press Ctrl-C to stop (workloads keep running).")
     try:
         print("\n".join(lines), flush=True)

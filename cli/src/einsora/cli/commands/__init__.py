@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 
 from einsora.cli.client import ApiClient, ApiRefused, ApiUnreachable
-from einsora.cli.commands import catalog, endpoints, keys, tokens, usage, workloads
+from einsora.cli.commands import catalog, endpoints, keys, machines, tokens, usage, workloads
 from einsora.cli.commands.options import common_options
 from einsora.cli.config import resolve
 from einsora.cli.pipes import quiet_on_closed_pipe
@@ -54,7 +54,7 @@ def run_action(action: Action) -> Callable[[argparse.Namespace], int]:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parent = common_options()
-    for module in (workloads, tokens, keys, endpoints, usage, catalog):
+    for module in (workloads, tokens, keys, endpoints, usage, machines, catalog):
         for name, help_text, configure, action in module.COMMANDS:
             parser = subparsers.add_parser(name, help=help_text, parents=[parent])
             configure(parser)

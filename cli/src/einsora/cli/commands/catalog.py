@@ -1,11 +1,10 @@
-"""`einsora classes`, `machines`, `login`: what there is, and who I am."""
+"""`einsora classes`, `login`: what there is, and who I am."""
 
 from __future__ import annotations
 
 import argparse
 import getpass
 import os
-from typing import Any
 
 from einsora.cli import render
 from einsora.cli.client import ApiClient
@@ -22,29 +21,6 @@ def _classes(client: ApiClient, args: argparse.Namespace) -> int:
         for c in items
     ]
     render.table(rows, ["class", "accelerator", "memory GiB", "regions"])
-    return 0
-
-
-def _machines(client: ApiClient, args: argparse.Namespace) -> int:
-    items = client.paginate("/v1/machines")
-    if args.json:
-        render.as_json(items)
-        return 0
-    rows = []
-    for m in items:
-        inv: dict[str, Any] = m.get("inventory") or {}
-        gpus = inv.get("gpus") or []
-        rows.append(
-            (
-                m.get("id") or m.get("machine_id"),
-                m.get("region") or inv.get("region"),
-                inv.get("cpus"),
-                f"{(inv.get('memory_mib') or 0) // 1024} GiB",
-                f"{len(gpus)}x {gpus[0]['model']}" if gpus else "-",
-                render.ago(m.get("heartbeat_at")),
-            )
-        )
-    render.table(rows, ["machine", "region", "cpus", "memory", "gpus", "heartbeat"])
     return 0
 
 
@@ -68,6 +44,5 @@ def _none(_: argparse.ArgumentParser) -> None:
 
 COMMANDS = [
     ("classes", "list the GPU and CPU classes on offer", _none, _classes),
-    ("machines", "list the machines and their inventory", _none, _machines),
     ("login", "check an API token and save it for later commands", _none, _login),
 ]

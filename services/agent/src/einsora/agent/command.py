@@ -1,19 +1,30 @@
-"""`einsora agent`: run the agent of this machine (or of many sim machines) until a signal.
+"""`einsora agent`: run the agent of this machine (or of many sim machines) until a signal;
+`einsora agent join URL --token agt_…`: enrol this machine with a control plane, once.
 
 Ctrl-C or SIGTERM stops the agent, not its workloads: they keep running and the next agent
-adopts them.
+adopts them. An enrolled machine's agent runs with its stored enrolment; when the control plane
+revokes the machine, the agent stops and exits non-zero, saying so.
+
+`einsora agent --help` stays fast: the agent's modules are imported only when a command runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from einsora.agent.service import AgentService, DriverName
 from einsora.common import logs, runloop
-from einsora.common.service import serve_until_signalled
+from einsora.common.errors import ConfigError
 from einsora.common.settings import settings_from
+
+if TYPE_CHECKING:
+    from einsora.agent.service import AgentService, DriverName
+
+STDIN = "-"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -83,9 +94,62 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="create the bus's streams and buckets if missing (needs full rights)",
     )
     parser.set_defaults(func=run)
+    _register_join(parser.add_subparsers(dest="agent_command", metavar="COMMAND"))
+
+
+def _register_join(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "join",
+        help="enrol this machine with a control plane (once)",
+        description="Exchange a join token (from `einsora machines join-token`) for this "
+        "machine's own credential, kept 0600 in the data dir; `einsora agent` then runs with it.",
+    )
+    parser.add_argument("url", metavar="URL", help="the control plane's api, e.g. https://lab:8080")
+    parser.add_argument(
+        "--token",
+        required=True,
+        metavar="agt_…",
+        help="the join token; - reads it from stdin (out of the shell's history and ps)",
+    )
+    parser.add_argument(
+        "--fingerprint",
+        metavar="sha256:HEX",
+        help="pin the api's TLS certificate (as printed with the token) instead of CA trust",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="join again, replacing this machine's enrolment"
+    )
+    parser.add_argument("--data-dir", type=Path, metavar="DIR", help="where the enrolment is kept")
+    parser.set_defaults(func=run_join)
+
+
+def run_join(args: argparse.Namespace) -> int:
+    from einsora.agent.join import join
+
+    settings = settings_from({"data_dir": args.data_dir})
+    logs.configure(settings.log_level, settings.log_format)
+    enrolled = runloop.run(
+        join(
+            settings.data_dir,
+            args.url,
+            sys.stdin.readline() if args.token == STDIN else args.token,
+            fingerprint=args.fingerprint,
+            force=args.force,
+        )
+    )
+    print(
+        f"joined {enrolled.api_url} as machine {enrolled.machine_id}: owner "
+        f"{enrolled.owner_tenant_id}, region {enrolled.region}, sharing {enrolled.sharing}"
+        + (", reached through its tunnel" if enrolled.tunnel is not None else "")
+        + "; run `einsora agent` to start it"
+    )
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
+    from einsora.agent.join import load_enrolment
+    from einsora.agent.service import AgentService
+
     settings = settings_from(
         {"nats_url": args.nats, "region": args.region, "data_dir": args.data_dir}
     )
@@ -93,6 +157,15 @@ def run(args: argparse.Namespace) -> int:
     driver: DriverName = args.driver or (
         "sim" if args.sim_inventory is not None or args.sim_machines != 1 else "process"
     )
+    # Bus credentials named explicitly (Solo, tests) win over an enrolment.
+    enrolment = None
+    if settings.nats_credentials_dir is None:
+        enrolment = load_enrolment(settings.data_dir)
+    if enrolment is not None and args.region is not None and args.region != enrolment.region:
+        raise ConfigError(
+            f"this machine was enrolled in region {enrolment.region}: its region is the "
+            "control plane's to set, so leave --region out"
+        )
     service = AgentService(
         settings,
         machine_id=args.machine_id,
@@ -104,15 +177,42 @@ def run(args: argparse.Namespace) -> int:
         sim_start_delay_s=args.sim_start_delay,
         sim_fail_rate=args.sim_fail_rate,
         provision_bus=args.provision,
+        enrolment=enrolment,
     )
-    return runloop.run(serve_until_signalled(service, lambda: _announce(service)))
+    return runloop.run(_serve(service))
+
+
+async def _serve(service: AgentService) -> int:
+    """Start, say so, run until a signal or until the agent stops for good on its own (its
+    machine revoked: that error, and so a non-zero exit), then stop."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await service.start()
+    runloop.settle()
+    try:
+        _announce(service)
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(service.wait_gone())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+    finally:
+        await service.stop()
+    if service.gone_reason is not None:
+        raise service.gone_reason
+    return 0
 
 
 def _announce(service: AgentService) -> None:
     more = len(service.machine_ids) - 1
+    enrolled = service.enrolment
     print(
         f"einsora agent: machine {service.machine_id}"
         + (f" (+{more} more)" if more else "")
+        + (f" of {enrolled.api_url}" if enrolled is not None else "")
         + f", driver {service.driver_name}; Ctrl-C stops the agent, not its workloads",
         file=sys.stderr,
         flush=True,

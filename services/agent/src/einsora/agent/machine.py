@@ -136,6 +136,19 @@ class MachineAgent:
     async def put_observed(self) -> None:
         await self.kv.put(names.observed_key(self.machine_id), self.observed().to_bytes())
 
+    async def rebind(self, js: JetStreamContext, kv: KeyValue) -> None:
+        """Move to a new connection, the old one closed for good; `rewatch` then watches and
+        reads again. The workloads and the applied generation are untouched."""
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch_task
+            self._watch_task = None
+        # The old subscription died with its connection: there is nothing left to unsubscribe.
+        self._sub = None
+        self.js = js
+        self.kv = kv
+
     async def rewatch(self) -> None:
         """(Re)create the pinned watch on this machine's desired key, then read it directly.
 

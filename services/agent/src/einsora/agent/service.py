@@ -8,6 +8,16 @@ the agent only: workloads keep running (live restore), and the next agent adopts
 
 Shared by every machine of the process: one NATS connection, one observed-state publisher (with
 the heartbeat), and one maintenance task (reconnects, periodic resync, inventory refresh).
+
+The agent survives what nats-py does not. nats-py closes a connection for good when the server
+ends it over its credential (an expired session, a revoked or removed user) and never tries
+again; the agent then connects anew with capped, jittered back-off, moves every machine to the
+new connection, watches and reads its desired state again and reports. A refused credential is
+told from a network failure by asking the api (`GET /v1/machines/self`): a revoked machine's
+agent stops for good and says so; anything else is retried, logged once per outage.
+
+An enrolled machine (`einsora agent join`) runs with its enrolment: its machine id, its
+credential as the NATS token, the NATS URL and CA it was given, and its tunnel when it has one.
 """
 
 from __future__ import annotations
@@ -15,31 +25,40 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js.errors import NoStreamResponseError
 
-from einsora.agent import identity, inventory, sim_inventory, workload_python
+from einsora.agent import identity, inventory, join, sim_inventory, workload_python
 from einsora.agent.drivers import Driver, ProcessDriver, ProcessOptions, SimDriver, SimOptions
+from einsora.agent.join import Enrolled, MachineRevoked
 from einsora.agent.machine import MachineAgent
 from einsora.agent.publisher import ObservedPublisher
 from einsora.agent.records import RecordStore
 from einsora.agent.supervisor import Timing
 from einsora.common.bus import bind_bucket, connect, identities, names, provision
-from einsora.common.errors import ConfigError, EinsoraError
+from einsora.common.bus.connect import CredentialRefused
+from einsora.common.bus.identities import Identity
+from einsora.common.errors import BusUnavailable, ConfigError, EinsoraError
 from einsora.common.schemas import Inventory
 from einsora.common.settings import Settings
+
+if TYPE_CHECKING:
+    from einsora.agent.tunnel import AgentTunnel
 
 log = logging.getLogger("einsora.agent")
 
 DriverName = Literal["process", "sim"]
 OPEN_CONCURRENCY = 64
 TICK_S = 0.5
+BACKOFF_MIN_S = 0.25
 
 
 class AgentService:
@@ -65,6 +84,8 @@ class AgentService:
         sim_fail_rate: float = 0.0,
         python: str | None = None,
         provision_bus: bool = False,
+        enrolment: Enrolled | None = None,
+        backoff_max_s: float = 30.0,
     ) -> None:
         if driver not in ("process", "sim"):
             raise ConfigError(f"unknown driver {driver!r}: choose sim or process")
@@ -78,15 +99,33 @@ class AgentService:
             ("poll", poll_s),
             ("resync", resync_s),
             ("inventory refresh", inventory_s),
+            ("reconnect back-off", backoff_max_s),
         ):
             if value <= 0:
                 raise ConfigError(f"the {label} interval must be more than 0 s, not {value}")
         if not 0.0 <= sim_fail_rate <= 1.0:
             raise ConfigError(f"the sim fail rate is a share from 0 to 1, not {sim_fail_rate}")
         self.settings = settings
+        self.enrolment = enrolment
         self.driver_name: DriverName = driver
-        base = identity.resolve_machine_id(settings.data_dir, machine_id)
+        if enrolment is not None:
+            if machine_id and machine_id != enrolment.machine_id:
+                raise ConfigError(
+                    f"this machine is enrolled as {enrolment.machine_id}, not {machine_id}: "
+                    "leave --machine-id out, or join again"
+                )
+            if sim_machines != 1:
+                raise ConfigError("an enrolled machine is one machine: --sim-machines needs none")
+            base = enrolment.machine_id
+        else:
+            base = identity.resolve_machine_id(settings.data_dir, machine_id)
         self.machine_ids = identity.sim_machine_ids(base, sim_machines)
+        # An enrolled machine's region is the control plane's decision, never its own.
+        self.region = enrolment.region if enrolment is not None else settings.region
+        self.nats_url = settings.nats_url or (
+            enrolment.nats_url if enrolment is not None else settings.effective_nats_url
+        )
+        self.backoff_max_s = backoff_max_s
         self._inbox_machine = base
         self.sim_machine = sim_inventory_spec(sim_inventory) if driver == "sim" else None
         self.heartbeat_s = heartbeat_s
@@ -108,7 +147,14 @@ class AgentService:
         self.machines: dict[str, MachineAgent] = {}
         self.publisher: ObservedPublisher[MachineAgent] | None = None
         self._nc: NATS | None = None
-        self._maintenance: asyncio.Task[None] | None = None
+        self._session: asyncio.Task[None] | None = None
+        self._credentials: Identity | None = None
+        self._tls: ssl.SSLContext | None = None
+        self._tunnel: AgentTunnel | None = None
+        self._gone = asyncio.Event()
+        self.gone_reason: EinsoraError | None = None
+        """Why the agent stopped for good on its own (its machine was revoked); None: it did
+        not."""
 
     @property
     def machine_id(self) -> str:
@@ -118,17 +164,19 @@ class AgentService:
     # --- life -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        url = self.settings.effective_nats_url
         credentials_dir = self.settings.nats_credentials_dir
-        nc = await connect(
-            url,
-            name=f"einsora-agent {self._inbox_machine}",
-            inbox_prefix=names.agent_inbox_prefix(self._inbox_machine),
-            # A machine's identity is its machine id; its permissions reach its own keys only.
-            credentials=None
-            if credentials_dir is None
-            else identities.load_identity(credentials_dir, self._inbox_machine),
-        )
+        # A machine's identity is its machine id; its permissions reach its own keys only.
+        if credentials_dir is not None:
+            self._credentials = identities.load_identity(credentials_dir, self._inbox_machine)
+        elif self.enrolment is not None:
+            self._tls = self.enrolment.nats_tls()
+        closed = asyncio.Event()
+        try:
+            nc = await self._connect(closed, report=True)
+        except CredentialRefused as exc:
+            if await self._revoked():
+                raise MachineRevoked(self.machine_id) from exc
+            raise
         self._nc = nc
         js = nc.jetstream()
         try:
@@ -153,30 +201,41 @@ class AgentService:
                 )
             publisher.start()
             await _bounded(self.machines.values(), lambda m: m.open())
+            self._tunnel = self._make_tunnel()
+            if self._tunnel is not None:
+                await self._tunnel.start()
         except (nats.errors.NoRespondersError, NoStreamResponseError) as exc:
             await self.stop()
             raise EinsoraError(
-                f"the {names.MACHINES.name} bucket does not exist on NATS at {url}: provision "
-                "the bus first (einsora solo and the scheduler do)",
+                f"the {names.MACHINES.name} bucket does not exist on NATS at {self.nats_url}: "
+                "provision the bus first (einsora solo and the scheduler do)",
                 code="bus_not_provisioned",
                 retryable=True,
             ) from exc
         except BaseException:
             await self.stop()
             raise
-        self._maintenance = asyncio.create_task(self._maintain(nc), name="agent maintenance")
+        self._session = asyncio.create_task(self._run(nc, closed), name="agent connection")
         log.info(
             "agent started",
-            extra={"machines": len(self.machines), "driver": self.driver_name, "nats": url},
+            extra={
+                "machines": len(self.machines),
+                "driver": self.driver_name,
+                "nats": self.nats_url,
+                "enrolled": self.enrolment is not None,
+            },
         )
 
     async def stop(self) -> None:
         """Stop the agent; its workloads keep running (a restarted agent adopts them)."""
-        if self._maintenance is not None:
-            self._maintenance.cancel()
+        if self._session is not None:
+            self._session.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._maintenance
-            self._maintenance = None
+                await self._session
+            self._session = None
+        tunnel, self._tunnel = self._tunnel, None
+        if tunnel is not None:
+            await tunnel.stop()
         await asyncio.gather(*(m.close() for m in self.machines.values()))
         if self.publisher is not None:
             await self.publisher.stop()
@@ -185,6 +244,12 @@ class AgentService:
         nc, self._nc = self._nc, None
         if nc is not None and not nc.is_closed:
             await nc.close()
+
+    async def wait_gone(self) -> EinsoraError:
+        """Wait until the agent stops for good on its own (its machine was revoked): why."""
+        await self._gone.wait()
+        assert self.gone_reason is not None
+        return self.gone_reason
 
     async def stop_workloads(self) -> None:
         """Stop every workload of every machine (directories kept), and report it."""
@@ -204,9 +269,9 @@ class AgentService:
 
     async def _inventory(self, machine_id: str) -> Inventory:
         if self.sim_machine is not None:
-            return self.sim_machine.inventory(machine_id, self.settings.region, ["sim"])
+            return self.sim_machine.inventory(machine_id, self.region, ["sim"])
         return await asyncio.to_thread(
-            inventory.collect, machine_id, self.settings.region, [self.driver_name]
+            inventory.collect, machine_id, self.region, [self.driver_name]
         )
 
     def _workloads_dir(self) -> Path | None:
@@ -217,20 +282,160 @@ class AgentService:
             return None
         return RecordStore(self.settings.data_dir / "agent" / machine_id / "workloads")
 
-    async def _maintain(self, nc: NATS) -> None:
-        """Reconnects (re-watch and re-read), periodic resync, inventory refresh."""
+    # --- the connection, and the agent's own reconnect loop -----------------------------------
+
+    async def _connect(self, closed: asyncio.Event, *, report: bool) -> NATS:
+        async def on_closed() -> None:
+            closed.set()
+
+        token = None
+        if self._credentials is None and self.enrolment is not None:
+            token = self.enrolment.credential.get_secret_value()
+        return await connect(
+            self.nats_url,
+            name=f"einsora-agent {self._inbox_machine}",
+            inbox_prefix=names.agent_inbox_prefix(self._inbox_machine),
+            credentials=self._credentials,
+            token=token,
+            tls=self._tls,
+            on_closed=on_closed,
+            report_start=report,
+        )
+
+    async def _run(self, nc: NATS, closed: asyncio.Event) -> None:
+        """Serve one connection until it closes without the agent asking, then make the next."""
+        fresh = False
+        while True:
+            maintenance = asyncio.create_task(self._maintain(nc, fresh), name="agent maintenance")
+            try:
+                await closed.wait()
+            finally:
+                maintenance.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await maintenance
+            error = str(nc.last_error or "")
+            # An expired session is the routine renewal of a short-lived credential.
+            log.log(
+                logging.INFO if "expired" in error.lower() else logging.WARNING,
+                "NATS closed the agent's connection; connecting again",
+                extra={"nats": self.nats_url, "error": error},
+            )
+            closed = asyncio.Event()
+            try:
+                nc = await self._reconnect(closed)
+            except MachineRevoked as exc:
+                await self._give_up(exc)
+                return
+            self._nc = nc
+            js = nc.jetstream()
+            kv = bind_bucket(js, names.MACHINES)
+            for machine in self.machines.values():
+                await machine.rebind(js, kv)
+            fresh = True
+
+    async def _reconnect(self, closed: asyncio.Event) -> NATS:
+        """Connect again: at once (an expired session renews), then with capped, jittered
+        back-off. Raises MachineRevoked when the api says the machine was revoked."""
+        delay = BACKOFF_MIN_S
+        began = time.monotonic()
+        attempts = 0
+        reported = False
+        while True:
+            attempts += 1
+            error: EinsoraError
+            try:
+                nc = await self._connect(closed, report=False)
+            except CredentialRefused as exc:
+                if await self._revoked(quiet=reported):
+                    raise MachineRevoked(self.machine_id) from exc
+                error = exc
+            except BusUnavailable as exc:
+                error = exc
+            else:
+                log.info(
+                    "connected to NATS again",
+                    extra={"attempts": attempts, "after_s": round(time.monotonic() - began, 3)},
+                )
+                return nc
+            if not reported:
+                log.warning(
+                    "cannot connect to NATS; retrying with back-off",
+                    extra={"error": error.message, "code": error.code},
+                )
+                reported = True
+            await asyncio.sleep(random.uniform(delay / 2, delay))
+            delay = min(delay * 2, self.backoff_max_s)
+
+    async def _revoked(self, *, quiet: bool = False) -> bool:
+        """Whether the api says this machine was revoked; False when it cannot tell."""
+        if self.enrolment is None:
+            return False  # no api to ask (Solo, static credentials): keep trying
+        try:
+            return await join.is_revoked(self.enrolment)
+        except EinsoraError as exc:
+            if not quiet:
+                log.warning(
+                    "cannot ask the api whether this machine was revoked; retrying",
+                    extra={"api": self.enrolment.api_url, "error": exc.message},
+                )
+            return False
+
+    async def _give_up(self, reason: MachineRevoked) -> None:
+        """Revoked: stop the tunnel and the workloads (the control plane failed them, and no
+        agent can adopt them: joining again makes a new machine), then stop for good."""
+        log.error(
+            "machine revoked: the agent stops",
+            extra={"machine": self.machine_id, "api": self.enrolment and self.enrolment.api_url},
+        )
+        self.gone_reason = reason
+        tunnel, self._tunnel = self._tunnel, None
+        try:
+            if tunnel is not None:
+                await tunnel.stop()
+            await self.stop_workloads()
+        finally:
+            self._gone.set()
+
+    def _make_tunnel(self) -> AgentTunnel | None:
+        """The tunnel this machine's agent dials, when its enrolment names one."""
+        endpoint = self.enrolment.tunnel if self.enrolment is not None else None
+        if endpoint is None:
+            return None
+        from einsora.agent.tunnel import AgentTunnel  # asyncssh: only for tunnelled machines
+
+        return AgentTunnel(
+            address=(endpoint.host, endpoint.port),
+            host_key=join.tunnel_host_key_path(self.settings.data_dir),
+            hub_key=endpoint.hub_key,
+            allowed_ports=self.workload_ports,
+            machine_id=self.machine_id,
+        )
+
+    def workload_ports(self) -> set[int]:
+        """The ports this machine's workloads answer on now (what the tunnel may forward)."""
+        return {
+            w.endpoint.port
+            for m in self.machines.values()
+            for w in m.observed().workloads
+            if w.endpoint is not None
+        }
+
+    async def _maintain(self, nc: NATS, fresh: bool) -> None:
+        """Reconnects (re-watch and re-read), periodic resync, inventory refresh. `fresh`: a new
+        connection, so every machine watches, reads and reports again first."""
         reconnects = nc.stats["reconnects"]
         next_resync = time.monotonic() + self.resync_s
         next_inventory = time.monotonic() + self.inventory_s
-        pending: set[str] = set()
+        pending: set[str] = set(self.machines) if fresh else set()
         while True:
+            if pending:
+                pending = await self._each(pending, _rewatch)
             await asyncio.sleep(TICK_S)
             if nc.stats["reconnects"] != reconnects:
                 reconnects = nc.stats["reconnects"]
                 log.info("reconnected to NATS: watching and reading desired states again")
                 pending = set(self.machines)
-            if pending:
-                pending = await self._each(pending, _rewatch)
+                continue
             now = time.monotonic()
             if now >= next_resync:
                 next_resync = now + self.resync_s

@@ -53,8 +53,8 @@ class Unauthenticated(ApiError):
     status = 401
     code = "unauthenticated"
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message, code=code, headers={"WWW-Authenticate": "Bearer"})
 
 
 class Forbidden(ApiError):

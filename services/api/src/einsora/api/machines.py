@@ -1,10 +1,11 @@
-"""What the api knows of machines: each one's inventory and observed state, from KV.
+"""What the api knows of machines: each one's enrolment, inventory and observed state, from KV.
 
-The api is a trusted client of the bus, so it mirrors the `machines` bucket's inventory and
-observed keys (desired values are the scheduler's and can be large) with a `KvMirror`, and keeps
-the latest of each in memory for `/v1/machines`, `/v1/classes` and `/v1/regions`. A value that
-does not parse is logged and skipped. The mirror re-reads the bucket after a reconnect and on a
-period, so a restarted server's lost consumer never leaves the view stale for ever.
+The api is a trusted client of the bus, so it mirrors the `enrolments` bucket (which it writes
+from its store) and the `machines` bucket's inventory and observed keys (desired values are the
+scheduler's and can be large) with `KvMirror`s, and keeps the latest of each in memory for
+`/v1/machines`, `/v1/classes` and `/v1/regions`. A value that does not parse is logged and
+skipped. The mirrors re-read their buckets after a reconnect and on a period, so a restarted
+server's lost consumer never leaves the view stale for ever.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from nats.js import JetStreamContext
 from pydantic import ValidationError
 
 from einsora.common.bus import KvMirror, names
-from einsora.common.schemas import Inventory, ObservedPhase, ObservedState
+from einsora.common.schemas import Enrolment, Inventory, ObservedPhase, ObservedState
 
 log = logging.getLogger("einsora.api.machines")
 
@@ -34,10 +35,18 @@ class MachineRecord:
     machine_id: str
     inventory: Inventory | None = None
     observed: ObservedState | None = None
+    enrolment: Enrolment | None = None
 
     @property
     def region(self) -> str | None:
-        return self.inventory.region if self.inventory else None
+        """Its enrolment's region (never the inventory's claim); None unless enrolled and live."""
+        if self.enrolment is None or self.enrolment.revoked:
+            return None
+        return self.enrolment.region
+
+    @property
+    def empty(self) -> bool:
+        return self.inventory is None and self.observed is None and self.enrolment is None
 
     @property
     def heartbeat_at(self) -> datetime | None:
@@ -56,6 +65,7 @@ class MachinesView:
     def __init__(self) -> None:
         self._records: dict[str, MachineRecord] = {}
         self._mirror: KvMirror | None = None
+        self._enrolments: KvMirror | None = None
 
     def snapshot(self) -> list[MachineRecord]:
         """Every machine known now, by id."""
@@ -73,13 +83,34 @@ class MachinesView:
             on_delete=lambda key: self.apply(key, None),
             audit_s=AUDIT_S,
         )
-        with contextlib.suppress(TimeoutError):
-            await self._mirror.start(sync_timeout_s=sync_timeout_s)
+        self._enrolments = KvMirror(
+            nc,
+            js,
+            names.ENROLMENTS,
+            on_put=self.apply_enrolment,
+            on_delete=lambda key: self.apply_enrolment(key, None),
+            audit_s=AUDIT_S,
+        )
+        for mirror in (self._enrolments, self._mirror):
+            with contextlib.suppress(TimeoutError):
+                await mirror.start(sync_timeout_s=sync_timeout_s)
 
     async def stop(self) -> None:
-        mirror, self._mirror = self._mirror, None
-        if mirror is not None:
-            await mirror.stop()
+        for mirror in (self._mirror, self._enrolments):
+            if mirror is not None:
+                await mirror.stop()
+        self._mirror = self._enrolments = None
+
+    def apply_enrolment(self, machine_id: str, value: bytes | None) -> None:
+        """Take one enrolment (None: deleted) into the view."""
+        record = self._records.setdefault(machine_id, MachineRecord(machine_id))
+        try:
+            record.enrolment = Enrolment.from_bytes(value) if value else None
+        except ValidationError as exc:
+            why = str(exc)
+            log.warning("unreadable enrolment skipped", extra={"key": machine_id, "error": why})
+        if record.empty:
+            del self._records[machine_id]
 
     def apply(self, key: str, value: bytes | None) -> None:
         """Take one KV entry (None: deleted) into the view."""
@@ -97,5 +128,5 @@ class MachinesView:
                 record.observed = ObservedState.from_bytes(value) if value else None
         except ValidationError as exc:
             log.warning("unreadable machine value skipped", extra={"key": key, "error": str(exc)})
-        if record.inventory is None and record.observed is None:
+        if record.empty:
             del self._records[machine_id]

@@ -1,6 +1,6 @@
 """The api's tables (SQLAlchemy Core): tenants, users, members, invitations, API tokens,
-workloads, timeline, outbox, idempotency keys, access tickets, tenant limits, gateway keys and
-tenant quotas.
+workloads, timeline, outbox, idempotency keys, access tickets, tenant limits, gateway keys,
+tenant quotas, join tokens and enrolled machines.
 
 The api owns these tables and no other service reads them (DESIGN.md). Every time is stored in
 UTC and read back timezone-aware; the migrations in `migrations/versions` create exactly this
@@ -240,4 +240,48 @@ tenant_quotas = sa.Table(
     sa.Column("max_gpus_total", sa.Integer(), nullable=True),
     sa.Column("gpu_hours_per_7d", sa.Float(), nullable=True),
     sa.Column("updated_at", UtcDateTime(), nullable=False),
+)
+
+MACHINE_ID = sa.String(128)
+"""A machine id: `m-…` when the api made it at enrolment; Solo's own machine keeps its id."""
+
+join_tokens = sa.Table(
+    "join_tokens",
+    metadata,
+    sa.Column("id", ID, primary_key=True),
+    # The machines that join with it are this tenant's, owned by its creator.
+    sa.Column("tenant_id", ID, sa.ForeignKey("tenants.id"), nullable=False),
+    sa.Column("user_id", ID, sa.ForeignKey("users.id"), nullable=False),
+    sa.Column("name", NAME, nullable=False),
+    # The SHA-256 of the whole `agt_…` token; the token is stored nowhere.
+    sa.Column("secret_sha256", sa.String(64), nullable=False, unique=True),
+    sa.Column("region", NAME, nullable=False),
+    sa.Column("sharing", sa.String(16), nullable=False),
+    sa.Column("tunnel", sa.Boolean(), nullable=False),
+    sa.Column("max_uses", sa.Integer(), nullable=False),
+    sa.Column("uses", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+    sa.Column("expires_at", UtcDateTime(), nullable=False),
+    sa.Column("revoked_at", UtcDateTime(), nullable=True),
+    sa.Index(None, "tenant_id", "id"),
+)
+
+machines = sa.Table(
+    "machines",
+    metadata,
+    sa.Column("id", MACHINE_ID, primary_key=True),
+    sa.Column("owner_tenant_id", ID, sa.ForeignKey("tenants.id"), nullable=False),
+    sa.Column("owner_user_id", ID, sa.ForeignKey("users.id"), nullable=True),
+    sa.Column("region", NAME, nullable=False),
+    sa.Column("sharing", sa.String(16), nullable=False),
+    sa.Column("hostname", sa.String(255), nullable=False),
+    # The SHA-256 of the machine's `agk_…` credential (NULL: it has none, e.g. Solo's own
+    # machine, which uses the nkey Solo made for it).
+    sa.Column("credential_sha256", sa.String(64), nullable=True, unique=True),
+    sa.Column("tunnel", sa.Boolean(), nullable=False),
+    sa.Column("tunnel_key", sa.Text(), nullable=True),
+    sa.Column("join_token_id", ID, sa.ForeignKey("join_tokens.id"), nullable=True),
+    sa.Column("enrolled_at", UtcDateTime(), nullable=False),
+    sa.Column("revoked_at", UtcDateTime(), nullable=True),
+    sa.Index(None, "owner_tenant_id", "id"),
 )

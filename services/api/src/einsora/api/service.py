@@ -3,8 +3,10 @@
 `start()` applies the migrations, makes the owner on the first start, connects to NATS and
 provisions it, starts the timeline consumer, the machines view, the outbox relay and
 anti-entropy (which provisions again if NATS comes back empty, and republishes lost intents;
-ADR-0011), the gateway keys sync (KV `gateway_keys` equal to the store's live keys) and the
-tenant quotas sync (the `quota.*` keys of KV `usage` equal to the store's quotas), then
+ADR-0011), the gateway keys sync (KV `gateway_keys` equal to the store's live keys), the
+tenant quotas sync (the `quota.*` keys of KV `usage` equal to the store's quotas), the
+enrolments sync (KV `enrolments` equal to the store's machines) and, where the server runs
+one, the auth callout for machines' credentials (`bus_auth.py`), then
 serves HTTP with uvicorn in this process and returns once it accepts connections. `stop()`
 undoes all of it, in reverse, and may be called twice.
 """
@@ -27,7 +29,9 @@ from einsora.api.anti_entropy import ANTI_ENTROPY_PERIOD_S, AntiEntropy
 from einsora.api.app import create_app
 from einsora.api.auth import VerifiedTokens
 from einsora.api.bootstrap import OWNER_TOKEN_FILE, ensure_owner
+from einsora.api.bus_auth import MachineBusAuth
 from einsora.api.context import ApiContext
+from einsora.api.enrolments_sync import EnrolmentsSync
 from einsora.api.gateway_keys_sync import GatewayKeysSync
 from einsora.api.machines import MachinesView
 from einsora.api.metrics import ApiMetrics, metrics_app
@@ -95,6 +99,10 @@ class ApiService:
         """Keeps KV `gateway_keys` equal to the live gateway keys (once started)."""
         self.quotas: QuotasSync | None = None
         """Keeps the `quota.*` keys of KV `usage` equal to the tenants' quotas (once started)."""
+        self.enrolments: EnrolmentsSync | None = None
+        """Keeps KV `enrolments` equal to the store's machines (once started)."""
+        self.bus_auth: MachineBusAuth | None = None
+        """The auth callout for machines' credentials, where the server runs one."""
         self._machines = MachinesView()
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
@@ -143,6 +151,12 @@ class ApiService:
             await self.gateway_keys.start()
             self.quotas = QuotasSync(self.store, self.nc, js)
             await self.quotas.start()
+            self.enrolments = EnrolmentsSync(self.store, self.nc, js)
+            await self.enrolments.start()
+            credentials_dir = self.settings.nats_credentials_dir
+            if credentials_dir is not None and MachineBusAuth.wanted(credentials_dir):
+                self.bus_auth = MachineBusAuth(self.store)
+                await self.bus_auth.start(self.settings.effective_nats_url, credentials_dir)
             self._redeemer = TicketRedeemer(self.store, self.nc, clock=self._now)
             await self._redeemer.start()
             tokens = self.tokens = VerifiedTokens()
@@ -164,6 +178,8 @@ class ApiService:
             app = create_app(ctx)
             app.state.gateway_keys = self.gateway_keys  # the key routes write KV through it
             app.state.quotas = self.quotas  # the quota routes too
+            app.state.enrolments = self.enrolments  # joins and revocations
+            app.state.bus_auth = self.bus_auth  # revocations cut the machine's connections
             app.state.accounting = Accounting(self.nc)  # usage reports ask accounting
             config = uvicorn.Config(
                 app,
@@ -232,6 +248,12 @@ class ApiService:
         if self._revocations is not None:
             await self._revocations.stop()
             self._revocations = None
+        if self.bus_auth is not None:
+            await self.bus_auth.stop()
+            self.bus_auth = None
+        if self.enrolments is not None:
+            await self.enrolments.stop()
+            self.enrolments = None
         if self.quotas is not None:
             await self.quotas.stop()
             self.quotas = None

@@ -20,6 +20,7 @@ import aiohttp
 
 from einsora.common import simtext
 from einsora.common.schemas import CountSource, Route
+from einsora.gateway.tunnels import TunnelClients
 
 SIM = "sim"
 LLAMACPP = "llamacpp"
@@ -100,10 +101,17 @@ def sim_prompt_tokens(api: Api, body: Mapping[str, Any]) -> int:
 class Counter:
     """Counts prompts and answers with each route's tokenizer, or estimates them."""
 
-    def __init__(self, client: aiohttp.ClientSession, *, timeout_s: float = TOKENIZE_TIMEOUT_S):
+    def __init__(
+        self,
+        client: aiohttp.ClientSession,
+        *,
+        tunnels: TunnelClients | None = None,
+        timeout_s: float = TOKENIZE_TIMEOUT_S,
+    ):
         self._client = client
+        self._tunnels = tunnels
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._added: dict[tuple[str, int], int] = {}
+        self._added: dict[tuple[str, int, bool], int] = {}
         """Tokens each upstream's tokenizer adds to any text (llama.cpp's: a BOS token)."""
 
     async def prompt(self, route: Route, api: Api, body: Mapping[str, Any]) -> Count:
@@ -132,7 +140,8 @@ class Counter:
         itself is not."""
         if not text:
             return 0
-        where = (route.host, route.port)
+        # Tunnelled replicas all answer at 127.0.0.1, each on its own machine.
+        where = (route.machine_id if route.via_tunnel else route.host, route.port, route.via_tunnel)
         added = self._added.get(where)
         if added is None:
             added = await self._tokens(route, "")
@@ -144,9 +153,14 @@ class Counter:
 
     async def _tokens(self, route: Route, text: str) -> int | None:
         headers = {"Authorization": f"Bearer {route.token}"} if route.token else None
+        client = self._client
+        if route.via_tunnel:
+            if self._tunnels is None:
+                return None  # never this host's own 127.0.0.1:<port>, with the workload's token
+            client = await self._tunnels.session(route)
         url = f"http://{route.host}:{route.port}{TOKENIZE_PATH}"
         try:
-            async with self._client.post(
+            async with client.post(
                 url, json={"input": text}, headers=headers, timeout=self._timeout
             ) as response:
                 if response.status != 200:

@@ -6,6 +6,10 @@ for a few seconds and the next one is tried; once a byte has reached the client 
 never retried (the client would see two answers run together). A stream is passed on event by
 event as each one completes; a stream the upstream cuts mid-way is cut for the client too, so it
 sees an error rather than an answer that merely stops.
+
+A replica on a machine reached through its tunnel (`Route.via_tunnel`) is sent the request over
+the unix socket the proxy's tunnel hub serves for it (ADR-0015); no socket means that machine's
+tunnel is down, a failure like any other, named in the answer when no replica answered.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from einsora.gateway.balance import Balancer
 from einsora.gateway.counting import Api
 from einsora.gateway.errors import SERVER, error_response
 from einsora.gateway.sse import EventSplitter
+from einsora.gateway.tunnels import TunnelClients
 
 log = logging.getLogger("einsora.gateway.forward")
 
@@ -71,11 +76,18 @@ def _upstream_headers(route: Route, request_id: str) -> dict[str, str]:
 
 
 class Forwarder:
-    """Sends requests to replicas through one shared keep-alive client session."""
+    """Sends requests to replicas through one shared keep-alive client session (and one per
+    tunnel socket for replicas behind a machine's tunnel)."""
 
-    def __init__(self, client: aiohttp.ClientSession, balancer: Balancer) -> None:
+    def __init__(
+        self,
+        client: aiohttp.ClientSession,
+        balancer: Balancer,
+        tunnels: TunnelClients | None = None,
+    ) -> None:
         self._client = client
         self._balancer = balancer
+        self._tunnels = tunnels
 
     async def forward(
         self,
@@ -90,17 +102,23 @@ class Forwarder:
     ) -> Outcome:
         tried: Route | None = None
         failed_status: int | None = None
+        tunnel_down: str | None = None
         for route in self._balancer.order(replicas):
             tried = route
             url = f"http://{route.host}:{route.port}/v1/{api.value}"
             # A large body goes as a file-like object, written in pieces between other work.
             data = io.BytesIO(payload) if len(payload) > LARGE_BODY else payload
             try:
-                upstream = await self._client.post(
+                client = await self._client_for(route)
+                upstream = await client.post(
                     url, data=data, headers=_upstream_headers(route, request_id)
                 )
             except UPSTREAM_FAILURES as exc:
-                self._failed(route, exc)
+                down = route.via_tunnel and isinstance(exc, aiohttp.ClientConnectorError)
+                tunnel_down = route.machine_id if down else tunnel_down
+                self._failed(
+                    route, f"{route.machine_id}'s tunnel is not connected" if down else exc
+                )
                 continue
             try:
                 if upstream.status >= 500:
@@ -120,7 +138,14 @@ class Forwarder:
                 continue
             finally:
                 upstream.release()
-        return self._no_answer(request_id, tried, failed_status)
+        return self._no_answer(request_id, tried, failed_status, tunnel_down)
+
+    async def _client_for(self, route: Route) -> aiohttp.ClientSession:
+        if not route.via_tunnel:
+            return self._client
+        if self._tunnels is None:
+            raise aiohttp.ClientConnectionError("this gateway reaches no tunnel")
+        return await self._tunnels.session(route)
 
     def _failed(self, route: Route, why: object) -> None:
         self._balancer.failed(route)
@@ -231,9 +256,20 @@ class Forwarder:
         return Outcome(response, route, status, True, reader.usage, text)
 
     def _no_answer(
-        self, request_id: str, tried: Route | None, failed_status: int | None
+        self,
+        request_id: str,
+        tried: Route | None,
+        failed_status: int | None,
+        tunnel_down: str | None = None,
     ) -> Outcome:
-        if failed_status is not None:
+        if failed_status is None and tunnel_down is not None:
+            status, message, code = (
+                502,
+                f"{tunnel_down}'s tunnel is not connected (the machine may be offline); "
+                "try again shortly.",
+                "tunnel_not_connected",
+            )
+        elif failed_status is not None:
             status, message, code = (
                 502,
                 f"The model's replicas failed (the last answered HTTP {failed_status}); "

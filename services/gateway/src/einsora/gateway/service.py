@@ -24,6 +24,7 @@ from einsora.gateway.keys import KeyTable
 from einsora.gateway.limits import LimitBook
 from einsora.gateway.protocol import GuardedAppRunner
 from einsora.gateway.routes import ModelTable
+from einsora.gateway.tunnels import TunnelClients
 from einsora.gateway.usage import UsagePublisher
 
 log = logging.getLogger("einsora.gateway")
@@ -49,6 +50,7 @@ class GatewayService:
         self._clock = clock or time.time
         self._nc: NATS | None = None
         self._client: aiohttp.ClientSession | None = None
+        self._tunnels: TunnelClients | None = None
         self._runner: web.AppRunner | None = None
         self.keys = KeyTable(self._clock)
         self.models = ModelTable()
@@ -69,17 +71,20 @@ class GatewayService:
         self._limits = LimitBook(self._nc.jetstream(timeout=LIMITS_TIMEOUT_S), self._clock)
         self.usage = UsagePublisher(js)
         self.usage.start()
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_S, sock_read=READ_S)
         self._client = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_S, sock_read=READ_S),
+            timeout=timeout,
             cookie_jar=aiohttp.DummyCookieJar(),
         )
+        # The proxy's tunnel hub serves these sockets on this host (ADR-0015).
+        self._tunnels = TunnelClients(self._settings.effective_tunnel_sockets_dir, timeout)
         state = GatewayState(
             keys=self.keys,
             models=self.models,
             limits=self._limits,
-            counter=Counter(self._client),
-            forwarder=Forwarder(self._client, Balancer()),
+            counter=Counter(self._client, tunnels=self._tunnels),
+            forwarder=Forwarder(self._client, Balancer(), self._tunnels),
             usage=self.usage,
             clock=self._clock,
         )
@@ -116,6 +121,9 @@ class GatewayService:
         if self._client is not None:
             await self._client.close()
             self._client = None
+        if self._tunnels is not None:
+            await self._tunnels.close()
+            self._tunnels = None
         if self._nc is not None:
             with contextlib.suppress(Exception):
                 await self._nc.close()

@@ -22,7 +22,7 @@ from einsora.common import logs
 from einsora.common.bus import names
 from einsora.common.ids import new_id
 from einsora.common.schemas import AccessRedeemReply, AccessRedeemRequest, WorkloadKind
-from einsora.proxy.forward import forward_http, forward_websocket
+from einsora.proxy.forward import TunnelClients, forward_http, forward_websocket
 from einsora.proxy.routes import RouteTable
 from einsora.proxy.sessions import SessionStore
 from einsora.proxy.sites import DASHBOARD_COOKIE, ENTER_PATH, SiteConfig
@@ -43,6 +43,8 @@ class ProxyState:
     sessions: SessionStore
     nc: NATS
     client: aiohttp.ClientSession
+    tunnels: TunnelClients
+    """Sessions for routes reached through a machine's tunnel (`Route.via_tunnel`)."""
 
     @property
     def cookie_name(self) -> str:
@@ -101,14 +103,20 @@ async def handle(request: web.Request) -> web.StreamResponse:
             return plain_response(403, "Cross-site requests are refused.", request_id)
         drop = (state.cookie_name, DASHBOARD_COOKIE)
         try:
+            client = await state.tunnels.session(route) if route.via_tunnel else state.client
             if _is_websocket(request):
-                return await forward_websocket(
-                    request, state.client, route, drop, session.closers.append
-                )
+                return await forward_websocket(request, client, route, drop, session.closers.append)
             response = await forward_http(
-                request, state.client, route, state.sites.origin_of(workload_id), drop
+                request, client, route, state.sites.origin_of(workload_id), drop
             )
-        except (aiohttp.ClientError, OSError) as exc:
+        except aiohttp.ClientConnectorError as exc:
+            if not route.via_tunnel:
+                log.warning("workload unreachable", extra={"error": exc.__class__.__name__})
+                return plain_response(502, "The workload did not answer.", request_id)
+            # No socket (or nobody behind it): the hub has no tunnel from that machine now.
+            log.warning("machine's tunnel not connected", extra={"machine": route.machine_id})
+            return plain_response(502, f"{route.machine_id}'s tunnel is not connected.", request_id)
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
             log.warning("workload unreachable", extra={"error": exc.__class__.__name__})
             return plain_response(502, "The workload did not answer.", request_id)
         return response

@@ -1,25 +1,52 @@
-"""ProxyService: the access proxy as a service Solo or `einsora proxy` runs."""
+"""ProxyService: the access proxy as a service Solo or `einsora proxy` runs.
+
+It also runs the tunnel hub (ADR-0015), fed by two mirrors: the enrolments (which machine holds
+which tunnel key, and which are revoked) and the routes (which tunnelled ports need a socket).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
 from nats.aio.client import Client as NATS
+from pydantic import ValidationError
 
-from einsora.common.bus import connect_as, identities, names, provision
-from einsora.common.schemas import Route
+from einsora.common.bus import KvMirror, connect_as, identities, names, provision
+from einsora.common.schemas import Enrolment, Route
 from einsora.common.settings import Settings
 from einsora.proxy.app import ProxyState, create_app
+from einsora.proxy.forward import TunnelClients
 from einsora.proxy.protocol import GuardedAppRunner
-from einsora.proxy.routes import RouteTable
+from einsora.proxy.routes import AUDIT_S, RouteTable
 from einsora.proxy.sessions import Clock, SessionStore
 from einsora.proxy.sites import SiteConfig
+from einsora.proxy.tunnels import Forward, TunnelHub
 
 log = logging.getLogger("einsora.proxy")
+
+
+class _Routes(RouteTable):
+    """The route table, also telling the tunnel hub when its tunnelled routes change."""
+
+    def __init__(self, on_removed: Callable[[str], object], on_changed: Callable[[], None]):
+        super().__init__(on_removed)
+        self._on_changed = on_changed
+
+    def tunnelled(self) -> set[Forward]:
+        return {(r.machine_id, r.port) for r in self._routes.values() if r.via_tunnel}
+
+    def _put(self, key: str, value: bytes) -> None:
+        super()._put(key, value)
+        self._on_changed()
+
+    def _delete(self, key: str) -> None:
+        super()._delete(key)
+        self._on_changed()
 
 
 class ProxyService:
@@ -46,6 +73,11 @@ class ProxyService:
         self._routes: RouteTable | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self.port: int = settings.proxy_port
+        self.enrolments: dict[str, Enrolment] = {}
+        self._enrolment_mirror: KvMirror | None = None
+        self._enrolment_sync: asyncio.Task[None] | None = None
+        self._tunnels: TunnelClients | None = None
+        self.hub: TunnelHub | None = None
 
     async def start(self) -> None:
         self._nc = await connect_as(
@@ -55,13 +87,42 @@ class ProxyService:
         )
         js = self._nc.jetstream()
         await provision(js, only=(names.ROUTES.stream,))
-        self._routes = RouteTable(on_removed=self.sessions.end_site)
-        await self._routes.start(self._nc, js)
-        self._client = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None, connect=10, sock_read=None),
-            cookie_jar=aiohttp.DummyCookieJar(),
+        data = self._settings.data_dir / "tunnel"
+        routes = _Routes(on_removed=self.sessions.end_site, on_changed=self._routes_changed)
+        self._routes = routes
+        self.hub = TunnelHub(
+            host=self._settings.tunnel_host or self._settings.bind_host,
+            port=self._settings.tunnel_port,
+            client_key=data / "hub_key",
+            tunnel_dir=self._settings.effective_tunnel_sockets_dir,
+            enrolments=lambda: self.enrolments,
+            forwards=routes.tunnelled,
         )
-        state = ProxyState(self.sites, self._routes, self.sessions, self._nc, self._client)
+        await routes.start(self._nc, js)
+        self._enrolment_mirror = KvMirror(
+            self._nc,
+            js,
+            names.ENROLMENTS,
+            on_put=self._enrolment_put,
+            on_delete=self._enrolment_deleted,
+            audit_s=AUDIT_S,
+        )
+        # Not awaited: the api provisions the bucket, and in Solo it starts after the proxy.
+        # Until the enrolments are read the hub knows no machine, so it lets no tunnel in.
+        self._enrolment_sync = asyncio.create_task(
+            self._enrolment_mirror.start(sync_timeout_s=None), name="enrolments mirror"
+        )
+        try:
+            await self.hub.start()
+        except Exception:
+            await self.stop()
+            raise
+        timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_read=None)
+        self._client = aiohttp.ClientSession(timeout=timeout, cookie_jar=aiohttp.DummyCookieJar())
+        self._tunnels = TunnelClients(self._settings.effective_tunnel_sockets_dir, timeout)
+        state = ProxyState(
+            self.sites, self._routes, self.sessions, self._nc, self._client, self._tunnels
+        )
         # Guarded: a request that fails is answered and logged without quoting its bytes.
         self._runner = GuardedAppRunner(create_app(state), access_log=None)
         await self._runner.setup()
@@ -74,6 +135,25 @@ class ProxyService:
             state.sites = self.sites
         self._sweeper = asyncio.create_task(self._sweep(), name="proxy idle sweep")
         log.info("proxy serving", extra={"port": self.port, "domain": self.sites.domain})
+
+    def _routes_changed(self) -> None:
+        if self.hub is not None:
+            self.hub.forwards_changed()
+
+    def _enrolment_put(self, key: str, value: bytes) -> None:
+        try:
+            self.enrolments[key] = Enrolment.from_bytes(value)
+        except ValidationError:
+            # Treated as gone: a tunnel let in on an enrolment we cannot read is not safe.
+            log.warning("unreadable enrolment ignored", extra={"machine": key})
+            self.enrolments.pop(key, None)
+        if self.hub is not None:
+            self.hub.refresh()
+
+    def _enrolment_deleted(self, key: str) -> None:
+        self.enrolments.pop(key, None)
+        if self.hub is not None:
+            self.hub.refresh()
 
     def route(self, workload_id: str) -> Route | None:
         """Where a workload answers, as this proxy knows it now (None: its site answers 404)."""
@@ -93,12 +173,26 @@ class ProxyService:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.hub is not None:
+            await self.hub.stop()
+            self.hub = None
+        if self._enrolment_sync is not None:
+            self._enrolment_sync.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._enrolment_sync
+            self._enrolment_sync = None
+        if self._enrolment_mirror is not None:
+            await self._enrolment_mirror.stop()
+            self._enrolment_mirror = None
         if self._routes is not None:
             await self._routes.stop()
             self._routes = None
         if self._client is not None:
             await self._client.close()
             self._client = None
+        if self._tunnels is not None:
+            await self._tunnels.close()
+            self._tunnels = None
         if self._nc is not None:
             await self._nc.close()
             self._nc = None

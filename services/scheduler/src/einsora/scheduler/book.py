@@ -398,6 +398,7 @@ class Book:
             token=workload.access_token,
             name=workload.name,
             runtime=endpoint.runtime,
+            via_tunnel=machine.tunnel,
         )
 
     def drop_route(self, workload: Workload) -> None:

@@ -22,10 +22,12 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from pydantic import ValidationError
+
 from einsora.common import logs
 from einsora.common.catalog import Catalog
 from einsora.common.errors import EinsoraError
-from einsora.common.schemas import WorkloadIntent, WorkloadState
+from einsora.common.schemas import Enrolment, WorkloadIntent, WorkloadState, what_is_wrong
 from einsora.scheduler.admission import admit_queued
 from einsora.scheduler.book import Book
 from einsora.scheduler.intents import apply_intent
@@ -93,7 +95,15 @@ class _UsageKey:
     value: bytes | None
 
 
-_Input = _Intents | _Snapshot | MachineKey | _Tick | _Present | _Replay | _UsageKey
+@dataclass
+class _EnrolmentKey:
+    """A key of the `enrolments` bucket: a machine enrolled or revoked (None: deleted)."""
+
+    machine_id: str
+    value: bytes | None
+
+
+_Input = _Intents | _Snapshot | MachineKey | _Tick | _Present | _Replay | _UsageKey | _EnrolmentKey
 
 
 @dataclass(frozen=True)
@@ -187,6 +197,10 @@ class Engine:
     def submit_usage(self, key: str, value: bytes | None) -> None:
         """A tenant's quota or recent use changed (the `usage` bucket)."""
         self._queue.put_nowait(_UsageKey(key, value))
+
+    def submit_enrolment(self, machine_id: str, value: bytes | None) -> None:
+        """A machine's enrolment changed (the `enrolments` bucket)."""
+        self._queue.put_nowait(_EnrolmentKey(machine_id, value))
 
     def submit_present(self, machine_ids: set[str]) -> None:
         """The machines whose desired key exists in the bucket now (from the audit)."""
@@ -323,6 +337,10 @@ class Engine:
                     self.reader.apply(self.book, key, now, live=False)
             elif isinstance(item, _UsageKey):
                 quota_moved |= apply_usage_key(self.book, item.key, item.value)
+            elif isinstance(item, _EnrolmentKey):
+                self.reader.apply_enrolment(
+                    self.book, item.machine_id, _enrolment(item.machine_id, item.value), now
+                )
         for intent, request_id in fresh:
             with logs.bind(request_id=request_id, tenant=intent.tenant_id):
                 apply_intent(self.book, intent, request_id)
@@ -359,6 +377,19 @@ class Engine:
                 isinstance(item, MachineKey) and (item.kind == "desired" or item.deleted)
             ):
                 self._queue.put_nowait(item)
+
+
+def _enrolment(machine_id: str, value: bytes | None) -> Enrolment | None:
+    if value is None:
+        return None
+    try:
+        return Enrolment.from_bytes(value)
+    except ValidationError as exc:
+        log.warning(
+            "unreadable enrolment ignored (the machine does not count)",
+            extra={"machine_id": machine_id, "error": what_is_wrong(exc)},
+        )
+        return None
 
 
 def _fail(waiting: list[asyncio.Future[None]], exc: Exception) -> None:

@@ -1,9 +1,14 @@
 """Reading the `machines` bucket into the book: inventories, observed states, desired keys.
 
-Values are checked against the key they came under (an agent's payload never decides which
-machine it is). Most observed values are only heartbeats: when a report says what the last full
-reading said, on a machine whose rows have not changed since, it only refreshes the machine's
-last sign of life. A desired key that is deleted, lags the store, or was written by someone else
+Only enrolled machines count (the `enrolments` bucket, written by the api): an inventory or a
+report from a machine that is not enrolled, or was revoked, is ignored and logged, and is
+applied once the machine's enrolment arrives. A machine's region is its enrolment's, never the
+one its inventory claims. Values are checked against the key they came under (an agent's
+payload never decides which machine it is).
+
+Most observed values are only heartbeats: when a report says what the last full reading said,
+on a machine whose rows have not changed since, it only refreshes the machine's last sign of
+life. A desired key that is deleted, lags the store, or was written by someone else
 is marked for rewriting from the store.
 """
 
@@ -14,9 +19,9 @@ import logging
 
 from pydantic import ValidationError
 
-from einsora.common.schemas import Inventory, ObservedState, utcnow
+from einsora.common.schemas import Enrolment, Inventory, ObservedState, utcnow
 from einsora.scheduler.book import Book
-from einsora.scheduler.observe import apply_inventory, apply_observed, heartbeat
+from einsora.scheduler.observe import apply_inventory, apply_observed, heartbeat, revoke
 from einsora.scheduler.projection import Projector
 from einsora.scheduler.watch import MachineKey
 
@@ -31,6 +36,57 @@ class MachineReader:
         self._latest: dict[tuple[str, str], MachineKey] = {}
         self._observed: dict[str, tuple[object, int]] = {}
         """Each machine's last fully read report (without its heartbeat), and its generation."""
+        self.enrolments: dict[str, Enrolment] = {}
+        self._ignored: set[str] = set()
+        """Machines whose values were ignored (not enrolled), logged once each."""
+
+    def apply_enrolment(
+        self, book: Book, machine_id: str, enrolment: Enrolment | None, now: float
+    ) -> None:
+        """A machine's enrolment arrived, changed or went (None): it counts, or no longer."""
+        had = self.enrolments.get(machine_id)
+        if enrolment is not None and enrolment.machine_id != machine_id:
+            log.warning(
+                "an enrolment names another machine than its key; ignored",
+                extra={"machine_id": machine_id},
+            )
+            return
+        if enrolment is None:
+            # Gone from the bucket (a bus that came back empty): its reports wait until the
+            # api puts it back. Only a revocation fails its workloads.
+            self.enrolments.pop(machine_id, None)
+            return
+        self.enrolments[machine_id] = enrolment
+        machine = book.machines.get(machine_id)
+        if machine is not None:
+            machine.tunnel = enrolment.tunnel
+        if enrolment.revoked:
+            if machine is not None:
+                revoke(book, machine)
+            return
+        if had is None or had.region != enrolment.region:
+            # What it reported before it was enrolled counts now.
+            self._ignored.discard(machine_id)
+            for kind in ("inventory", "observed"):
+                kept = self._latest.get((machine_id, kind))
+                if kept is not None:
+                    self.apply(book, kept, now, live=False)
+
+    def _enrolled(self, key: MachineKey) -> Enrolment | None:
+        enrolment = self.enrolments.get(key.machine_id)
+        if enrolment is not None and not enrolment.revoked:
+            return enrolment
+        if key.machine_id not in self._ignored:
+            self._ignored.add(key.machine_id)
+            log.warning(
+                "a machine that is not enrolled (or was revoked) reports; ignored",
+                extra={
+                    "machine_id": key.machine_id,
+                    "revoked": enrolment is not None,
+                    "kind": key.kind,
+                },
+            )
+        return None
 
     def keep(self, key: MachineKey) -> None:
         """Remember the latest inventory and observed value of each machine."""
@@ -68,12 +124,19 @@ class MachineReader:
         if key.deleted:
             return
         self.keep(key)
+        enrolment = self._enrolled(key)
+        if enrolment is None:
+            return
         try:
             if key.kind == "inventory":
                 inventory = Inventory.from_bytes(key.value)
                 if inventory.machine_id != key.machine_id:
                     raise ValueError("the inventory names another machine than its key")
-                apply_inventory(book, inventory, now)
+                if inventory.region != enrolment.region:
+                    inventory = inventory.model_copy(update={"region": enrolment.region})
+                machine = apply_inventory(book, inventory, now)
+                if machine is not None:
+                    machine.tunnel = enrolment.tunnel
             elif not (live and self._only_a_heartbeat(book, key, now)):
                 observed = ObservedState.from_bytes(key.value)
                 if observed.machine_id != key.machine_id:

@@ -82,11 +82,17 @@ class Machine:
     """After coming back, no new work lands here until it has applied this generation."""
     gpus_by_class: dict[str, list[str]] = field(default_factory=dict)
     """Healthy GPU uuids by catalog class, in device order (derived from the inventory)."""
+    revoked: bool = False
+    """Its enrolment was revoked: it takes no work and its reports are ignored, for good."""
+    tunnel: bool = False
+    """Its workloads are reached through the tunnel its agent dialed (from its enrolment)."""
 
     @property
     def placeable(self) -> bool:
         return (
-            self.liveness is Liveness.alive and self.observed_generation >= self.settle_generation
+            not self.revoked
+            and self.liveness is Liveness.alive
+            and self.observed_generation >= self.settle_generation
         )
 
     def booked_gpus(self) -> set[str]:

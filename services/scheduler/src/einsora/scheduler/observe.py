@@ -242,6 +242,32 @@ def _change_liveness(
     book.machine_changed(machine)
 
 
+def revoke(book: Book, machine: Machine) -> None:
+    """The machine's enrolment was revoked: its workloads fail ("machine revoked"), their routes
+    go and their devices are released (their allocations close); it takes no work again."""
+    if machine.revoked:
+        return
+    machine.revoked = True
+    log.warning("machine revoked", extra={"machine_id": machine.machine_id})
+    for row, workload in book.rows_on(machine):
+        if workload is None or workload.machine_id != machine.machine_id:
+            if row.holds_resources:
+                book.release(machine, row, row.target)
+            continue
+        if workload.state in _CAN_FAIL or workload.state is WorkloadState.parking:
+            book.release(machine, row, Target.parked)
+            book.drop_route(workload)
+            book.transition(workload, WorkloadState.failed, reasons.revoked(machine.machine_id))
+        elif workload.state is WorkloadState.removing:
+            book.release(machine, row, Target.removed)
+            book.transition(
+                workload, WorkloadState.removed, reasons.removed_while_revoked(machine.machine_id)
+            )
+        elif row.holds_resources:
+            book.release(machine, row, row.target)
+    book.machine_changed(machine)
+
+
 def _lose(book: Book, machine: Machine, mine: list[tuple[Row, Workload]], silent_s: float) -> None:
     for row, workload in mine:
         if workload.state in _CAN_FAIL or workload.state is WorkloadState.parking:

@@ -141,6 +141,20 @@ def reports_again(machine_id: str) -> str:
     return f"{machine_id} reports again"
 
 
+MACHINE_REVOKED = "machine revoked"
+
+
+def revoked(machine_id: str) -> str:
+    return (
+        f"{MACHINE_REVOKED}: {machine_id}'s enrolment was revoked, so it is cut off and its "
+        "devices are released; resume it to place it on another machine"
+    )
+
+
+def removed_while_revoked(machine_id: str) -> str:
+    return f"removed as asked; {machine_id} was revoked, so nothing of it runs there any more"
+
+
 def lost(machine_id: str, silent_s: float) -> str:
     return (
         f"{MACHINE_LOST}: {machine_id} has not reported for {silent_s:.0f} s; its devices are "

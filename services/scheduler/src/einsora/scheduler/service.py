@@ -92,6 +92,7 @@ class SchedulerService:
         self._engine: Engine | None = None
         self._watch: MachinesWatch | None = None
         self._usage: KvMirror | None = None
+        self._enrolments: KvMirror | None = None
         self._consumer: DurableConsumer | None = None
 
     @property
@@ -133,6 +134,16 @@ class SchedulerService:
         self._engine = engine
         await engine.load()
         engine.start()
+        # Enrolments first: the machines' snapshot that follows counts only enrolled machines.
+        self._enrolments = KvMirror(
+            self._nc,
+            js,
+            names.ENROLMENTS,
+            on_put=engine.submit_enrolment,
+            on_delete=lambda key: engine.submit_enrolment(key, None),
+            audit_s=60.0,
+        )
+        await self._enrolments.start()
         self._watch = MachinesWatch(
             self._nc,
             js,
@@ -173,9 +184,10 @@ class SchedulerService:
         watch, self._watch = self._watch, None
         if watch is not None:
             await watch.stop()
-        usage, self._usage = self._usage, None
-        if usage is not None:
-            await usage.stop()
+        for mirror in (self._usage, self._enrolments):
+            if mirror is not None:
+                await mirror.stop()
+        self._usage = self._enrolments = None
         engine, self._engine = self._engine, None
         if engine is not None:
             await engine.stop()

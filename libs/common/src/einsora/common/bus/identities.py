@@ -310,15 +310,73 @@ def authorization_conf(users: Mapping[str, tuple[Identity, Permissions]]) -> str
     return "authorization {\n  users = [\n" + ",\n".join(lines) + "\n  ]\n}\n"
 
 
+# --- the accounts layout (auth callout) -------------------------------------------------------
+
+CALLOUT = "callout"
+"""The auth callout responder's identity: it answers the server's authorization requests, and
+may do nothing else."""
+SYSTEM = "system"
+"""The control plane's identity in the system account: it kicks revoked machines' connections."""
+ISSUER = "callout-issuer"
+"""The account nkey that signs the user JWTs the callout issues; the server trusts its public key.
+Its seed (`SA…`) is an account seed, not a user seed."""
+AUTH_REQUEST_SUBJECT = "$SYS.REQ.USER.AUTH"
+"""Where the server asks the auth callout who a connecting client is (in the callout's account)."""
+
+
+def callout_permissions() -> Permissions:
+    """The callout's: receive the server's authorization requests and answer them; nothing else."""
+    return Permissions(
+        publish=(), publish_deny=(">",), subscribe=(AUTH_REQUEST_SUBJECT,), allow_responses=True
+    )
+
+
+def system_permissions() -> Permissions:
+    """The system identity's: kick a connection on any server, and read its own replies."""
+    return Permissions(
+        publish=("$SYS.REQ.SERVER.*.KICK",), subscribe=(f"{inbox_prefix(SYSTEM)}.>",)
+    )
+
+
+def ensure_issuer(directory: Path) -> Identity:
+    """The callout issuer's account seed from `directory`, made (mode 0600) on first use."""
+    path = seed_path(directory, ISSUER)
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(directory, 0o700)
+        if not path.exists():
+            seed: bytes = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_ACCOUNT)
+            partial = path.with_name(f".{path.name}.partial")
+            with contextlib.suppress(FileNotFoundError):
+                partial.unlink()
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(seed.decode() + "\n")
+            os.replace(partial, path)
+    except OSError as exc:
+        raise ConfigError(f"cannot make the bus credential {path}: {exc}") from exc
+    issuer = load_identity(directory, ISSUER)
+    if not issuer.public_key.startswith("A"):
+        raise ConfigError(f"{path} holds no account seed (SA…): the callout issuer needs one")
+    return issuer
+
+
 __all__ = [
+    "AUTH_REQUEST_SUBJECT",
+    "CALLOUT",
+    "ISSUER",
     "SERVICES",
+    "SYSTEM",
     "Identity",
     "Permissions",
     "agent_permissions",
     "authorization_conf",
+    "callout_permissions",
     "ensure_identity",
+    "ensure_issuer",
     "inbox_prefix",
     "load_identity",
     "seed_path",
     "service_permissions",
+    "system_permissions",
 ]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from einsora.api.schemas.common import Page
+from einsora.api.schemas.machines import MachineEnrolment
 from einsora.common.catalog import Accelerator
 from einsora.common.schemas import Inventory
 
@@ -37,10 +38,12 @@ class RegionPage(Page[RegionOut]):
 
 
 class MachineOut(BaseModel):
-    """A machine as its agent reports it: inventory, last heartbeat, workloads it runs."""
+    """A machine: its enrolment (owner, sharing, when enrolled and revoked), and what its agent
+    reports (inventory, last heartbeat, workloads it runs)."""
 
     id: str
-    region: str | None
+    region: str | None = Field(description="its enrolment's region; null unless enrolled")
+    enrolment: MachineEnrolment | None = Field(description="null: it reports but is not enrolled")
     inventory: Inventory | None
     heartbeat_at: datetime | None
     workloads: int

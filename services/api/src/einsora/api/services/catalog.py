@@ -25,6 +25,7 @@ from einsora.api.schemas.catalog import (
     RegionPage,
 )
 from einsora.api.schemas.common import PageQuery
+from einsora.api.services.machines import shown
 from einsora.api.store import Store
 from einsora.common.catalog import Catalog
 from einsora.common.schemas.workload import TERMINAL_STATES
@@ -45,9 +46,9 @@ def _page(
 def list_classes(catalog: Catalog, machines: list[MachineRecord], query: PageQuery) -> ClassPage:
     offered: dict[str, set[str]] = {}
     for record in machines:
-        if record.inventory is not None:
+        if record.inventory is not None and record.region is not None:
             for c in catalog.offered_by(record.inventory):
-                offered.setdefault(c.name, set()).add(record.inventory.region)
+                offered.setdefault(c.name, set()).add(record.region)
     classes = sorted(catalog, key=lambda c: c.name)
     page, cursor = _page(classes, lambda c: c.name, query)
     items = [
@@ -102,6 +103,7 @@ def list_machines(
             id=r.machine_id,
             region=r.region,
             inventory=r.inventory,
+            enrolment=None if r.enrolment is None else shown(r.enrolment),
             heartbeat_at=r.heartbeat_at,
             workloads=r.workload_count if own is None else own.get(r.machine_id, 0),
         )

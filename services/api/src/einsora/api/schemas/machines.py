@@ -1,0 +1,130 @@
+"""Machine enrolment bodies: join tokens (`agt_…`, shown once), the join exchange, revocation.
+
+A join token's secret appears only in `JoinTokenCreated`, and a machine's credential (`agk_…`)
+only in `JoinReply`; the store keeps their SHA-256.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from einsora.api.schemas.common import Label, Page, RequestBody
+from einsora.common.schemas import SharingLevel
+
+MAX_TOKEN_USES = 10_000
+MAX_TOKEN_DAYS = 365
+
+
+class JoinTokenCreate(RequestBody):
+    """`POST /v1/machines/join-tokens`: a token that machines exchange for their credential."""
+
+    name: Label = "join"
+    region: str | None = Field(
+        default=None,
+        max_length=64,
+        description="the region the machines join; leave it out for this control plane's own",
+    )
+    sharing: SharingLevel = SharingLevel.private
+    uses: int = Field(default=1, ge=1, le=MAX_TOKEN_USES, description="how many machines")
+    expires_in_hours: float = Field(default=24.0, gt=0, le=MAX_TOKEN_DAYS * 24)
+    tunnel: bool = Field(
+        default=True,
+        description="its machines are reached through the tunnel their agents dial (they accept "
+        "no inbound connection); false: directly at the address the agent reports",
+    )
+
+
+class JoinTokenCreated(BaseModel):
+    """A new join token with its secret (`token`), the only time the secret is shown."""
+
+    id: str
+    name: str
+    token: str
+    region: str
+    sharing: SharingLevel
+    uses: int
+    tunnel: bool
+    expires_at: datetime
+    created_at: datetime
+    join_command: str = Field(description="what to run on the machine")
+    tls_fingerprint: str | None = Field(
+        default=None,
+        description="the SHA-256 fingerprint of the control plane's TLS certificate, for "
+        "`einsora agent join --fingerprint` (null: it serves no TLS)",
+    )
+
+
+class JoinRequest(RequestBody):
+    """`POST /v1/machines/join`: an agent exchanges a join token, once, for its credential."""
+
+    token: str = Field(min_length=10, max_length=128)
+    hostname: Label
+    tunnel_key: str | None = Field(
+        default=None,
+        max_length=4096,
+        pattern=r"^ssh-ed25519 [A-Za-z0-9+/=]+( [^\r\n]*)?$",
+        description="the agent's SSH host key (OpenSSH public key line) for the tunnel",
+    )
+
+
+class TunnelInfo(BaseModel):
+    """Where a machine's agent dials its tunnel, and the hub's key it must accept."""
+
+    host: str
+    port: int
+    hub_key: str
+
+
+class JoinReply(BaseModel):
+    """The machine's id and credential (`agk_…`, shown only here), and where to connect."""
+
+    machine_id: str
+    credential: str
+    region: str
+    owner_tenant_id: str
+    sharing: SharingLevel
+    nats_url: str
+    nats_ca_pem: str | None
+    tunnel: TunnelInfo | None
+    api_url: str
+
+
+class MachineSelf(BaseModel):
+    """`GET /v1/machines/self`: what the control plane knows of the calling machine."""
+
+    machine_id: str
+    revoked: bool
+    region: str
+    owner_tenant_id: str
+    sharing: SharingLevel
+
+
+class MachineEnrolment(BaseModel):
+    """A machine's enrolment as `/v1/machines` shows it."""
+
+    owner_tenant_id: str
+    owner_user_id: str | None
+    sharing: SharingLevel
+    tunnel: bool
+    enrolled_at: datetime
+    revoked_at: datetime | None
+
+
+class JoinTokenOut(BaseModel):
+    """A join token without its secret."""
+
+    id: str
+    name: str
+    region: str
+    sharing: SharingLevel
+    uses: int
+    used: int
+    tunnel: bool
+    expires_at: datetime
+    created_at: datetime
+
+
+class JoinTokenPage(Page[JoinTokenOut]):
+    pass

@@ -1,0 +1,334 @@
+"""Machine enrolment: join tokens, the join exchange, the machine's own credential, revocation.
+
+A join token (`agt_…`) is made by an operator or a tenant admin, for machines that will be that
+tenant's, owned by its creator, in the token's region with its sharing level: those come from
+here, never from what an agent reports. An agent exchanges the token once (`join`) for its
+machine id and its own credential (`agk_…`); both secrets have 256 random bits and are stored
+only as their SHA-256. A single-use token used twice, an expired or revoked one, answers the
+same 401 (which of them is not told to whoever holds a stolen token). Revoking a machine keeps
+its row, so its credential is refused for good and everything it reports stays ignored.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from einsora.api import models as m
+from einsora.api.auth import Principal, secret_hash
+from einsora.api.errors import Forbidden, NotFound, Unauthenticated, Unavailable, Unprocessable
+from einsora.api.pagination import keyset_page
+from einsora.api.schemas.common import PageQuery
+from einsora.api.schemas.machines import (
+    JoinRequest,
+    JoinTokenCreate,
+    JoinTokenOut,
+    JoinTokenPage,
+    MachineEnrolment,
+)
+from einsora.api.store import Store
+from einsora.common.bus.names import is_subject_token
+from einsora.common.ids import is_id, new_id
+from einsora.common.schemas import Enrolment, SharingLevel, utcnow
+
+JOIN_TOKEN_PREFIX = "agt_"  # noqa: S105 (a prefix, not a secret)
+CREDENTIAL_PREFIX = "agk_"
+
+_t = m.join_tokens.c
+_m = m.machines.c
+
+
+def _secret(prefix: str) -> str:
+    return prefix + secrets.token_urlsafe(32)
+
+
+def may_enrol(principal: Principal) -> None:
+    """Operators and tenant admins enrol machines; a member may not."""
+    if not (principal.is_operator or principal.is_admin):
+        raise Forbidden("only a tenant admin or the operator enrols machines")
+
+
+@dataclass(frozen=True)
+class NewJoinToken:
+    """A join token just made: its secret, shown once."""
+
+    id: str
+    token: str
+    region: str
+    expires_at: datetime
+    created_at: datetime
+
+
+async def create_join_token(
+    store: Store,
+    principal: Principal,
+    body: JoinTokenCreate,
+    *,
+    default_region: str,
+    now: datetime | None = None,
+) -> NewJoinToken:
+    """A token for machines of the caller's tenant, committed."""
+    may_enrol(principal)
+    region = body.region or default_region
+    if not is_subject_token(region, 64):
+        raise Unprocessable(
+            f"not a region name: {region!r} (letters, digits, `-` and `_`)",
+            details=[{"field": "region", "message": "not a region name", "type": "value_error"}],
+        )
+    now = now or utcnow()
+    token = _secret(JOIN_TOKEN_PREFIX)
+    token_id = new_id("join_token")
+    expires_at = now + timedelta(hours=body.expires_in_hours)
+    async with store.write() as conn:
+        await conn.execute(
+            sa.insert(m.join_tokens).values(
+                id=token_id,
+                tenant_id=principal.tenant_id,
+                user_id=principal.user_id,
+                name=body.name,
+                secret_sha256=secret_hash(token),
+                region=region,
+                sharing=body.sharing.value,
+                tunnel=body.tunnel,
+                max_uses=body.uses,
+                uses=0,
+                created_at=now,
+                expires_at=expires_at,
+            )
+        )
+    return NewJoinToken(token_id, token, region, expires_at, now)
+
+
+def _token_out(row: Any) -> JoinTokenOut:
+    return JoinTokenOut(
+        id=row.id,
+        name=row.name,
+        region=row.region,
+        sharing=SharingLevel(row.sharing),
+        uses=row.max_uses,
+        used=row.uses,
+        tunnel=row.tunnel,
+        expires_at=row.expires_at,
+        created_at=row.created_at,
+    )
+
+
+async def list_join_tokens(store: Store, principal: Principal, query: PageQuery) -> JoinTokenPage:
+    """The tenant's join tokens that are not revoked (never a secret), oldest first."""
+    may_enrol(principal)
+    stmt = sa.select(m.join_tokens).where(
+        _t.tenant_id == principal.tenant_id, _t.revoked_at.is_(None)
+    )
+    async with store.read() as conn:
+        items, cursor = await keyset_page(conn, stmt, _t.id, query, _token_out, lambda t: t.id)
+    return JoinTokenPage(items=items, next_cursor=cursor)
+
+
+async def revoke_join_token(
+    store: Store, principal: Principal, token_id: str, *, now: datetime | None = None
+) -> None:
+    may_enrol(principal)
+    if not is_id(token_id, "join_token"):
+        raise NotFound(f"no join token {token_id!r}")
+    async with store.write() as conn:
+        result = await conn.execute(
+            sa.update(m.join_tokens)
+            .where(_t.id == token_id, _t.tenant_id == principal.tenant_id, _t.revoked_at.is_(None))
+            .values(revoked_at=now or utcnow())
+        )
+    if result.rowcount != 1:
+        raise NotFound(f"no join token {token_id!r}")
+
+
+@dataclass(frozen=True)
+class Joined:
+    """A machine just enrolled: its credential (shown once) and its enrolment."""
+
+    credential: str
+    enrolment: Enrolment
+
+
+_REFUSED = "this join token is unknown, used up, expired or revoked"
+
+
+async def join(
+    store: Store, body: JoinRequest, *, now: datetime | None = None, hub_running: bool = True
+) -> Joined:
+    """Spend one use of the token and enrol a new machine, in one unit of work.
+
+    `hub_running`: whether this control plane runs a tunnel hub; a token for tunnelled machines
+    is refused without one (and its use kept), rather than enrolling a machine nobody reaches.
+    """
+    if not body.token.startswith(JOIN_TOKEN_PREFIX):
+        raise Unauthenticated(_REFUSED, code="join_token_invalid")
+    now = now or utcnow()
+    credential = _secret(CREDENTIAL_PREFIX)
+    machine_id = new_id("machine")
+    async with store.write() as conn:
+        token = (
+            await conn.execute(
+                sa.select(m.join_tokens).where(_t.secret_sha256 == secret_hash(body.token))
+            )
+        ).first()
+        if (
+            token is None
+            or token.revoked_at is not None
+            or token.expires_at <= now
+            or token.uses >= token.max_uses
+        ):
+            raise Unauthenticated(_REFUSED, code="join_token_invalid")
+        if token.tunnel and not hub_running:
+            raise Unavailable(
+                "this control plane runs no tunnel hub, so a machine that accepts no inbound "
+                "connection cannot be reached: start the proxy (it runs the hub), or make a "
+                "token with `tunnel: false`"
+            )
+        if token.tunnel and body.tunnel_key is None:
+            raise Unprocessable(
+                "this token is for a machine reached through its tunnel: send `tunnel_key`",
+                details=[{"field": "tunnel_key", "message": "required", "type": "missing"}],
+            )
+        # The use is taken by a conditional update, so two machines racing for the last use
+        # cannot both have it.
+        spent = await conn.execute(
+            sa.update(m.join_tokens)
+            .where(_t.id == token.id, _t.uses < _t.max_uses)
+            .values(uses=_t.uses + 1)
+        )
+        if spent.rowcount != 1:
+            raise Unauthenticated(_REFUSED, code="join_token_invalid")
+        enrolment = Enrolment(
+            machine_id=machine_id,
+            owner_tenant_id=token.tenant_id,
+            owner_user_id=token.user_id,
+            region=token.region,
+            sharing=SharingLevel(token.sharing),
+            tunnel=token.tunnel,
+            tunnel_key=body.tunnel_key,
+            enrolled_at=now,
+        )
+        await conn.execute(
+            sa.insert(m.machines).values(
+                id=machine_id,
+                owner_tenant_id=token.tenant_id,
+                owner_user_id=token.user_id,
+                region=token.region,
+                sharing=token.sharing,
+                hostname=body.hostname,
+                credential_sha256=secret_hash(credential),
+                tunnel=token.tunnel,
+                tunnel_key=body.tunnel_key,
+                join_token_id=token.id,
+                enrolled_at=now,
+            )
+        )
+    return Joined(credential, enrolment)
+
+
+async def enrol_own(
+    store: Store,
+    machine_ids: list[str],
+    *,
+    owner_tenant_id: str,
+    region: str,
+    hostname: str,
+    now: datetime | None = None,
+) -> list[Enrolment]:
+    """Enrol the control plane's own machines (Solo's, reached directly, with the nkey Solo
+    made for them), once; an existing row is kept as it is (a revoked one stays revoked)."""
+    now = now or utcnow()
+    async with store.write() as conn:
+        have = set((await conn.execute(sa.select(_m.id).where(_m.id.in_(machine_ids)))).scalars())
+        fresh = [i for i in machine_ids if i not in have]
+        if fresh:
+            await conn.execute(
+                sa.insert(m.machines),
+                [
+                    {
+                        "id": i,
+                        "owner_tenant_id": owner_tenant_id,
+                        "owner_user_id": None,
+                        "region": region,
+                        "sharing": SharingLevel.private.value,
+                        "hostname": hostname,
+                        "credential_sha256": None,
+                        "tunnel": False,
+                        "tunnel_key": None,
+                        "join_token_id": None,
+                        "enrolled_at": now,
+                    }
+                    for i in fresh
+                ],
+            )
+    return [e for e in (await enrolments(store)).values() if e.machine_id in machine_ids]
+
+
+def _enrolment(row: Any) -> Enrolment:
+    return Enrolment(
+        machine_id=row.id,
+        owner_tenant_id=row.owner_tenant_id,
+        owner_user_id=row.owner_user_id,
+        region=row.region,
+        sharing=SharingLevel(row.sharing),
+        tunnel=row.tunnel,
+        tunnel_key=row.tunnel_key,
+        enrolled_at=row.enrolled_at,
+        revoked_at=row.revoked_at,
+    )
+
+
+async def enrolments(store: Store) -> dict[str, Enrolment]:
+    """Every machine ever enrolled (revoked ones too), by id."""
+    async with store.read() as conn:
+        rows = (await conn.execute(sa.select(m.machines))).all()
+    return {r.id: _enrolment(r) for r in rows}
+
+
+def shown(enrolment: Enrolment) -> MachineEnrolment:
+    return MachineEnrolment(
+        owner_tenant_id=enrolment.owner_tenant_id,
+        owner_user_id=enrolment.owner_user_id,
+        sharing=enrolment.sharing,
+        tunnel=enrolment.tunnel,
+        enrolled_at=enrolment.enrolled_at,
+        revoked_at=enrolment.revoked_at,
+    )
+
+
+_CREDENTIAL_RE_LEN = (len(CREDENTIAL_PREFIX) + 20, len(CREDENTIAL_PREFIX) + 100)
+
+
+async def by_credential(store: Store, credential: str) -> Enrolment | None:
+    """The machine whose credential this is (revoked or not), or None."""
+    low, high = _CREDENTIAL_RE_LEN
+    if not credential.startswith(CREDENTIAL_PREFIX) or not low <= len(credential) <= high:
+        return None
+    async with store.read() as conn:
+        row = (
+            await conn.execute(
+                sa.select(m.machines).where(_m.credential_sha256 == secret_hash(credential))
+            )
+        ).first()
+    return None if row is None else _enrolment(row)
+
+
+async def revoke(
+    store: Store, principal: Principal, machine_id: str, *, now: datetime | None = None
+) -> Enrolment:
+    """Revoke a machine: the operator any, a tenant admin their tenant's. 404 otherwise."""
+    may_enrol(principal)
+    mine = sa.true() if principal.is_operator else _m.owner_tenant_id == principal.tenant_id
+    async with store.write() as conn:
+        row = (await conn.execute(sa.select(m.machines).where(_m.id == machine_id, mine))).first()
+        if row is None:
+            raise NotFound(f"no machine {machine_id!r}")
+        if row.revoked_at is None:
+            await conn.execute(
+                sa.update(m.machines).where(_m.id == machine_id).values(revoked_at=now or utcnow())
+            )
+        row = (await conn.execute(sa.select(m.machines).where(_m.id == machine_id))).one()
+    return _enrolment(row)

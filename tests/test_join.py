@@ -1,0 +1,112 @@
+"""A machine joins a running control plane from "elsewhere", serves through its tunnel, and is
+cut off by revocation.
+
+Everything real: Solo's control plane in this process (NATS in the accounts layout with the
+api's auth callout, the scheduler, the proxy's tunnel hub, the gateway), and a second agent
+that joins with `einsora.agent.join` over HTTP, connects to NATS with its own credential, and
+dials its tunnel. Its endpoint answers OpenAI's API through the gateway over that tunnel. Not
+covered here: a network namespace that refuses inbound connections (see the closing note of
+issue 14).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import openai
+import pytest
+from tests.conftest import OpenApi, StartPlane
+
+from einsora.agent.join import MachineRevoked, join
+from einsora.agent.service import AgentService
+from einsora.common import simtext
+from einsora.common.settings import Settings
+from einsora.common.testing import until
+
+PROMPT = "Where does this machine live?"
+
+
+async def test_a_joined_machine_serves_through_its_tunnel_until_revoked(
+    start_plane: StartPlane, api_of: OpenApi, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The control plane's own machine has no GPU: the endpoint can only land on the joiner.
+    # A short sockets dir: a unix socket's path has at most 107 bytes, and pytest's are long.
+    sockets = Path(tempfile.mkdtemp(prefix="einsora-t"))
+    plane = await start_plane(
+        driver="sim",
+        sim_inventory="8 cpu, 32 GiB",
+        settings={"tunnel_sockets_dir": sockets},
+    )
+    api = await api_of(plane)
+    token = await api.ok("POST", "/v1/machines/join-tokens", {"region": "local"})
+    assert token["tunnel"] is True
+
+    data_dir = tmp_path / "joiner"
+    enrolled = await join(data_dir, api.base, token["token"])
+    again = await api.call(
+        "POST", "/v1/machines/join", {"token": token["token"], "hostname": "second"}
+    )
+    assert again[0] == 401  # single use
+    joiner = AgentService(
+        Settings(data_dir=data_dir, log_format="text"),
+        driver="sim",
+        enrolment=enrolled,
+        sim_inventory="1x l40s-48gb, 16 cpu, 64 GiB",
+        heartbeat_s=1.0,
+    )
+    await joiner.start()
+    try:
+        machines = {m["id"]: m for m in (await api.ok("GET", "/v1/machines"))["items"]}
+        owner = machines[plane.agent.machine_id]["enrolment"]["owner_tenant_id"]  # type: ignore[union-attr]
+        assert machines[enrolled.machine_id]["enrolment"]["owner_tenant_id"] == owner
+        assert machines[enrolled.machine_id]["region"] == "local"
+
+        spec = {"runtime": "llamacpp", "model": "/models/never-read.gguf"}
+        body = {"kind": "endpoint", "class": "l40s-48gb", "name": "far", "spec": spec}
+        made = await api.ok("POST", "/v1/workloads", body)
+        running = await api.wait_state(made["id"], "running")
+        assert running["placement"]["machine"] == enrolled.machine_id
+
+        key = await api.ok("POST", "/v1/gateway/keys", {"name": "app"})
+        gateway = plane.gateway
+        assert gateway is not None
+        await until(lambda: key["id"] in gateway.keys, what="the key reached the gateway")
+        tenant = made["tenant_id"]
+        await until(lambda: gateway.models.replicas(tenant, "far"), what="routed")
+        [route] = gateway.models.replicas(tenant, "far")
+        assert route.via_tunnel
+        hub = plane.proxy.hub if plane.proxy is not None else None
+        assert hub is not None
+        # The agent dialed before the hub had read the enrolments (in Solo the api provisions
+        # the bucket after the proxy starts): refused once, it dials again with back-off.
+        await until(lambda: hub.connected(enrolled.machine_id), within_s=30, what="tunnel up")
+        client = openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{gateway.port}/v1", api_key=key["key"], max_retries=0
+        )
+        messages: list[openai.types.chat.ChatCompletionMessageParam] = [
+            {"role": "user", "content": PROMPT}
+        ]
+        answer = await client.chat.completions.create(model="far", messages=messages, max_tokens=3)
+        assert answer.choices[0].message.content == simtext.answer(PROMPT, 3)
+
+        # Revoked: the bus connection is cut, its workload fails with the reason, and the agent
+        # hears it is revoked and stops for good.
+        revoked_at = time.monotonic()
+        await api.ok("DELETE", f"/v1/machines/{enrolled.machine_id}")
+        await api.wait_state(made["id"], "failed")
+        events = (await api.ok("GET", f"/v1/workloads/{made['id']}/events"))["items"]
+        assert events[-1]["reason"].startswith(f"machine revoked: {enrolled.machine_id}")
+        gone = await joiner.wait_gone()
+        print(f"revoked → agent stopped in {time.monotonic() - revoked_at:.3f} s")
+        assert isinstance(gone, MachineRevoked)
+        await until(lambda: not gateway.models.replicas(tenant, "far"), what="unrouted")
+        with pytest.raises(openai.NotFoundError):
+            await client.chat.completions.create(model="far", messages=messages)
+        await client.close()
+    finally:
+        await joiner.stop_workloads()
+        await joiner.stop()
+        shutil.rmtree(sockets, ignore_errors=True)
