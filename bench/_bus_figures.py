@@ -40,6 +40,8 @@ async def _digested(js: JetStreamContext) -> bool:
     """True when no durable consumer has anything left to deliver or to be acked."""
     for info in await js.streams_info():
         for consumer in await js.consumers_info(info.config.name or ""):
+            if not consumer.config.durable_name:
+                continue  # a watch (an ordered, ephemeral consumer): not work to digest
             if consumer.num_pending or consumer.num_ack_pending:
                 return False
     return True
