@@ -385,3 +385,89 @@ async def test_einsora_agent_exits_non_zero_when_its_machine_is_revoked(
             await proc.wait()
     assert proc.returncode == 1
     assert "einsora: machine revoked: the agent stops" in err.decode()
+
+
+async def test_an_expired_session_is_renewed_without_losing_the_watch(
+    tmp_path: Path, data_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under the real auth callout with 2 s sessions: nats-py closes for good at each expiry;
+    the agent authenticates again and every desired state written meanwhile is applied."""
+    from einsora.common.bus.accounts import server_auth_conf
+    from einsora.common.bus.callout import AuthCallout, Grant
+
+    caplog.set_level(logging.INFO)
+    creds = tmp_path / "bus"
+    admin = identities.ensure_identity(creds, "admin")
+    callout = identities.ensure_identity(creds, identities.CALLOUT)
+    issuer = identities.ensure_issuer(creds)
+    conf = server_auth_conf(
+        {"admin": (admin, Permissions(publish=(">",), subscribe=(">",)))},
+        callout=callout,
+        system=identities.ensure_identity(creds, identities.SYSTEM),
+        issuer_public_key=issuer.public_key,
+    )
+    server = ReloadableNats(tmp_path)
+    server.start(conf)
+    responder: AuthCallout | None = None
+    clients: list[NATS] = []
+    agent: AgentService | None = None
+    try:
+
+        async def authorize(token: str) -> Grant | None:
+            if token != CREDENTIAL:
+                return None
+            return Grant(MACHINE, identities.agent_permissions(MACHINE), 2.0)
+
+        responder = AuthCallout(issuer, authorize)
+        clients.append(await connect(server.url, name="callout", credentials=callout))
+        await responder.start(clients[0])
+        clients.append(await connect(server.url, name="admin", credentials=admin))
+        await provision(clients[1].jetstream())
+        control = ControlPlane(clients[1], bind_bucket(clients[1].jetstream(), names.MACHINES))
+        enrolled = Enrolled.model_validate(
+            {
+                "machine_id": MACHINE,
+                "credential": CREDENTIAL,
+                "owner_tenant_id": "t-test",
+                "region": "home",
+                "sharing": "private",
+                "api_url": "http://127.0.0.1:9",
+                "nats_url": server.url,
+                "hostname": "h",
+            }
+        )
+        agent = AgentService(
+            Settings(data_dir=data_dir),
+            enrolment=enrolled,
+            driver="sim",
+            heartbeat_s=0.3,
+            resync_s=60,  # only the watch can deliver the changes below
+            backoff_max_s=0.5,
+        )
+        await agent.start()
+        await control.put_desired(MACHINE, 1, [control.workload("w-a")])
+        await control.wait_workload(MACHINE, "w-a", lambda w: w.phase is ObservedPhase.running)
+
+        def expiries() -> int:
+            return sum(r.getMessage().startswith("NATS closed the agent") for r in caplog.records)
+
+        await until(lambda: expiries() >= 1, within_s=10, what="a first expiry")
+        await control.put_desired(MACHINE, 2, [control.workload("w-a"), control.workload("w-b")])
+        await control.wait_observed(MACHINE, lambda s: s.generation_applied == 2, within_s=5)
+        await until(lambda: expiries() >= 3, within_s=10, what="two more expiries")
+        await control.put_desired(MACHINE, 3, [control.workload("w-b")])
+        state = await control.wait_observed(
+            MACHINE, lambda s: s.generation_applied == 3, within_s=5
+        )
+        assert [w.workload_id for w in state.workloads if w.phase is ObservedPhase.running] == [
+            "w-b"
+        ]
+        assert agent.gone_reason is None  # expiry is routine, never a reason to stop
+    finally:
+        if agent is not None:
+            await agent.stop()
+        if responder is not None:
+            await responder.stop()
+        for nc in clients:
+            await nc.close()
+        server.stop()
