@@ -13,8 +13,8 @@ Load: 2,000 sequential small requests (after 200 to warm up), one 200 MB downloa
 WebSocket echo round trips. For streams over NATS, from a peer in its own process: small
 request/reply round trips, and 64 KiB chunks sent stop-and-wait, 16 in flight, and as a flood.
 
-Not measured here: an agent's connect-to-authorised time under the NATS auth callout (the
-callout's own benchmark does); the tunnel's own connect time is (`tunnel_connect_ms`).
+Also: an agent's connect-to-authorised time under the NATS auth callout (against a static nkey
+user), and the tunnel's own connect time (`tunnel_connect_ms`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -283,6 +284,62 @@ def path_figures(name: str, result: dict[str, Any], base: dict[str, Any]) -> dic
     }
 
 
+async def callout_figures(n: int = 200) -> dict[str, float]:
+    """Connect-to-authorised time of an agent under the auth callout (the api's responder on a
+    real server in Solo's accounts layout) against a static nkey user, `n` sequential connects
+    each (the first PONG ends a connect)."""
+    import nats
+
+    from einsora.common.bus import accounts, connect, identities
+    from einsora.common.bus.callout import AuthCallout, Grant
+    from einsora.common.embedded_nats import EmbeddedNats
+
+    machine, credential = "m-bench", "agk_" + "b" * 43
+    with tempfile.TemporaryDirectory(prefix="ec-", dir="/tmp") as tmp:
+        creds = Path(tmp) / "bus"
+        static = identities.ensure_identity(creds, identities.SCHEDULER)
+        callout = identities.ensure_identity(creds, identities.CALLOUT)
+        issuer = identities.ensure_issuer(creds)
+        conf = accounts.server_auth_conf(
+            {identities.SCHEDULER: (static, identities.service_permissions(identities.SCHEDULER))},
+            callout=callout,
+            system=identities.ensure_identity(creds, identities.SYSTEM),
+            issuer_public_key=issuer.public_key,
+        )
+        with EmbeddedNats(
+            Path(tmp) / "nats", port=0, authorization=conf, app_account=accounts.APP_ACCOUNT
+        ) as server:
+
+            async def authorize(token: str) -> Grant | None:
+                if token != credential:
+                    return None
+                return Grant(machine, identities.agent_permissions(machine), 600.0)
+
+            responder = AuthCallout(issuer, authorize)
+            callout_nc = await connect(server.url, name="bench-callout", credentials=callout)
+            await responder.start(callout_nc)
+
+            async def timed(**options: Any) -> list[float]:
+                times = []
+                for _ in range(n):
+                    started = time.perf_counter()
+                    nc = await nats.connect(server.url, allow_reconnect=False, **options)
+                    times.append((time.perf_counter() - started) * 1000)
+                    await nc.close()
+                return times
+
+            agent = await timed(token=credential, inbox_prefix=f"_INBOX_{machine}")
+            nkey = await timed(nkeys_seed_str=static.seed)
+            await responder.stop()
+            await callout_nc.close()
+    figures: dict[str, float] = {}
+    for name, times in (("callout", agent), ("static_nkey", nkey)):
+        ordered = sorted(times)
+        figures[f"{name}_connect_p50_ms"] = round(statistics.median(ordered), 3)
+        figures[f"{name}_connect_p95_ms"] = round(ordered[int(len(ordered) * 0.95) - 1], 3)
+    return figures
+
+
 async def main() -> None:
     from einsora.agent.tunnel import make_host_key
     from einsora.common.bus import connect, names, provision
@@ -382,6 +439,7 @@ async def main() -> None:
     figures.update(path_figures("proxy_direct", proxy_direct, direct))
     figures.update(path_figures("proxy_tunnel", proxy_tunnel, proxy_direct))
     figures.update(bus)
+    figures.update(await callout_figures())
     for gone in ("direct_added_p50_ms", "direct_added_p99_ms"):
         figures.pop(gone)
 
@@ -414,7 +472,12 @@ async def main() -> None:
             f"{WINDOW} in flight, {figures['nats_flood_mb_per_s']} MB/s flooded "
             f"({figures['nats_flood_delivered_fraction']:.0%} delivered)",
         ),
-        ("agent connect under auth callout", "not measured here (the callout's benchmark)"),
+        (
+            "agent connect under auth callout",
+            f"p50 {figures['callout_connect_p50_ms']} ms, p95 {figures['callout_connect_p95_ms']}"
+            f" ms (a static nkey user: p50 {figures['static_nkey_connect_p50_ms']} ms, p95 "
+            f"{figures['static_nkey_connect_p95_ms']} ms)",
+        ),
         ("targets", "tunnel added p50 <= 1 ms; 200 MB download >= 100 MB/s on loopback"),
     ]
     report("tunnel", rows, figures)

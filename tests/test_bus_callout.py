@@ -13,13 +13,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import datetime
-import ipaddress
 import json
 import logging
 import secrets
 import ssl
-import statistics
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -31,10 +28,6 @@ import nats.errors
 import nkeys
 import pytest
 import pytest_asyncio
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -51,6 +44,7 @@ from einsora.common.bus.callout import AuthCallout, Grant, encode_jwt, verify_jw
 from einsora.common.bus.identities import Identity
 from einsora.common.embedded_nats import EmbeddedNats
 from einsora.common.schemas import DesiredState, Inventory
+from einsora.common.testing import self_signed_certificate
 
 log = logging.getLogger("test.bus_callout")
 
@@ -718,42 +712,8 @@ async def test_at_expiry_the_server_ends_the_session_and_a_new_connect_gets_a_ne
 # --- TLS ------------------------------------------------------------------------------------
 
 
-def _self_signed(directory: Path) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "einsora-test")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_file, key_file = directory / "nats.crt", directory / "nats.key"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    key_file.chmod(0o600)
-    return cert_file, key_file
-
-
 async def test_over_tls_an_agent_connects_and_a_plain_client_is_refused(tmp_path: Path) -> None:
-    files = _self_signed(tmp_path)
+    files = self_signed_certificate(tmp_path)
     trusting = ssl.create_default_context(cafile=str(files[0]))
     async with running_lab(tmp_path / "tls-lab", files, trusting) as lab:
         assert lab.server.url.startswith("tls://")
@@ -789,44 +749,6 @@ async def _quiet(exc: Exception) -> None:
 
 
 # --- measurement ----------------------------------------------------------------------------
-
-
-async def measure_connects(url: str, n: int, **options: Any) -> list[float]:
-    """Milliseconds from starting a connect to an authorised connection (the first PONG), `n`
-    sequential connects (the measure bench/tunnel.py reports)."""
-    times: list[float] = []
-    for _ in range(n):
-        started = time.perf_counter()
-        nc = await nats.connect(url, allow_reconnect=False, **options)
-        times.append((time.perf_counter() - started) * 1000)
-        await nc.close()
-    return times
-
-
-def _summary(times: list[float]) -> dict[str, float]:
-    ordered = sorted(times)
-    return {
-        "median_ms": round(statistics.median(ordered), 3),
-        "p95_ms": round(ordered[int(len(ordered) * 0.95) - 1], 3),
-    }
-
-
-async def test_connect_to_authorised_time(lab: Lab) -> None:
-    callout = await measure_connects(
-        lab.server.url, 200, token=lab.tokens[M1], inbox_prefix=identities.inbox_prefix(M1)
-    )
-    credentials = lab.server.data_dir.parent / "bus"
-    static = await measure_connects(
-        lab.server.url,
-        200,
-        nkeys_seed_str=identities.load_identity(credentials, identities.SCHEDULER).seed,
-    )
-    log.info(
-        "connect to authorised, 200 sequential connects: callout %s, static nkey %s",
-        _summary(callout),
-        _summary(static),
-    )
-    assert len(callout) == len(static) == 200
 
 
 # --- the JWT helpers ------------------------------------------------------------------------

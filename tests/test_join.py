@@ -11,7 +11,9 @@ issue 14).
 
 from __future__ import annotations
 
+import asyncio
 import shutil
+import ssl
 import tempfile
 import time
 from pathlib import Path
@@ -23,8 +25,10 @@ from tests.conftest import OpenApi, StartPlane
 from einsora.agent.join import MachineRevoked, join
 from einsora.agent.service import AgentService
 from einsora.common import simtext
+from einsora.common.bus import connect
+from einsora.common.errors import BusUnavailable
 from einsora.common.settings import Settings
-from einsora.common.testing import until
+from einsora.common.testing import self_signed_certificate, until
 
 PROMPT = "Where does this machine live?"
 
@@ -110,3 +114,48 @@ async def test_a_joined_machine_serves_through_its_tunnel_until_revoked(
         await joiner.stop_workloads()
         await joiner.stop()
         shutil.rmtree(sockets, ignore_errors=True)
+
+
+async def test_a_solo_over_tls_runs_and_its_joiners_trust_its_certificate(
+    start_plane: StartPlane, api_of: OpenApi, tmp_path: Path
+) -> None:
+    cert, key = self_signed_certificate(tmp_path / "tls")
+    plane = await start_plane(driver="sim", settings={"nats_tls_cert": cert, "nats_tls_key": key})
+    api = await api_of(plane)
+    assert plane.settings.effective_nats_url.startswith("tls://")
+    # Every service and Solo's own agent talk to NATS over TLS: a launch goes all the way.
+    made = await api.ok("POST", "/v1/workloads", {"kind": "notebook", "class": "cpu-1c-2g"})
+    await api.wait_state(made["id"], "running")
+    # A client that does not trust the certificate is refused.
+    with pytest.raises((ssl.SSLError, OSError, BusUnavailable)):
+        await connect(
+            plane.settings.effective_nats_url,
+            name="stranger",
+            tls=ssl.create_default_context(),
+            startup_timeout=2.0,
+        )
+
+    token = await api.ok("POST", "/v1/machines/join-tokens", {"tunnel": False})
+    assert token["tls_fingerprint"].startswith("sha256:")
+    enrolled = await join(tmp_path / "joiner", api.base, token["token"])
+    assert enrolled.nats_url.startswith("tls://")
+    assert enrolled.nats_ca_pem == cert.read_text()
+    joiner = AgentService(
+        Settings(data_dir=tmp_path / "joiner", log_format="text"),
+        driver="sim",
+        enrolment=enrolled,
+        heartbeat_s=1.0,
+    )
+    await joiner.start()  # connected over TLS with the certificate from its enrolment
+    try:
+
+        async def reported() -> bool:
+            listed = (await api.ok("GET", "/v1/machines"))["items"]
+            return any(m["id"] == enrolled.machine_id and m["heartbeat_at"] for m in listed)
+
+        deadline = time.monotonic() + 20
+        while not await reported():
+            assert time.monotonic() < deadline, "the joined machine never reported"
+            await asyncio.sleep(0.1)
+    finally:
+        await joiner.stop()

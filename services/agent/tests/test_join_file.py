@@ -10,9 +10,7 @@ same time, so the agent's side is tested without importing another service.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import hashlib
-import ipaddress
 import json
 import logging
 import socket
@@ -31,10 +29,6 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from einsora.agent import AgentService
 from einsora.agent.join import (
@@ -54,7 +48,7 @@ from einsora.common.embedded_nats import nats_server_binary
 from einsora.common.errors import ConfigError, EinsoraError
 from einsora.common.schemas import ObservedPhase, WorkloadKind
 from einsora.common.settings import Settings
-from einsora.common.testing import Bus, subprocess_env
+from einsora.common.testing import Bus, self_signed_certificate, subprocess_env
 
 TOKEN = "agt_" + "5" * 40
 CREDENTIAL = "agk_" + "7" * 40
@@ -271,41 +265,16 @@ class Certificate:
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> Certificate:
     """A self-signed certificate for 127.0.0.1, as a Lab without a public CA would have."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "einsora-lab")])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    directory = tmp_path_factory.mktemp("tls")
-    (directory / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (directory / "key.pem").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
+    cert_file, key_file = self_signed_certificate(tmp_path_factory.mktemp("tls"))
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(directory / "cert.pem", directory / "key.pem")
-    der = cert.public_bytes(serialization.Encoding.DER)
+    context.load_cert_chain(cert_file, key_file)
+    der = ssl.PEM_cert_to_DER_cert(cert_file.read_text())
     return Certificate(
         context,
         "sha256:" + hashlib.sha256(der).hexdigest(),
-        (directory / "cert.pem").read_text(),
-        directory / "cert.pem",
-        directory / "key.pem",
+        cert_file.read_text(),
+        cert_file,
+        key_file,
     )
 
 

@@ -146,11 +146,11 @@ class ControlPlane:
             # Services connect to the server we started, on this host; machines elsewhere to
             # the address it listens on.
             scheme = "tls" if self.nats.tls is not None else "nats"
-            local = f"{scheme}://127.0.0.1:{self.nats.port}"
-            update: dict[str, Any] = {"nats_url": local}
             listen = self.settings.nats_listen
+            wildcard = listen in ("0.0.0.0", "::")  # noqa: S104 (a comparison)
+            here = listen if listen and not wildcard else "127.0.0.1"
+            update: dict[str, Any] = {"nats_url": f"{scheme}://{here}:{self.nats.port}"}
             if listen:
-                wildcard = listen in ("0.0.0.0", "::")  # noqa: S104 (a comparison)
                 advertised = socket.getfqdn() if wildcard else listen
                 update["agent_nats_url"] = f"{scheme}://{advertised}:{self.nats.port}"
                 update["bind_host"] = listen

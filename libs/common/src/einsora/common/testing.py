@@ -145,3 +145,50 @@ async def enrol(
     kv = bind_bucket(js, names.ENROLMENTS)
     await kv.put(names.enrolment_key(machine_id), enrolment.to_bytes())
     return enrolment
+
+
+def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
+    """A fresh self-signed TLS certificate for `localhost` and 127.0.0.1 (valid a day), written
+    as `tls.crt` and `tls.key` (0600) under `directory`: (certificate file, key file)."""
+    import datetime
+    import ipaddress
+
+    # Imported here: the harness loads for every package's tests; cryptography comes with
+    # asyncssh, which the agent and the proxy depend on.
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "einsora-test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    cert_file, key_file = directory / "tls.crt", directory / "tls.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.touch(mode=0o600)
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_file, key_file

@@ -39,6 +39,7 @@ from einsora.common.bus import (
     identities,
     names,
     provision,
+    tls_trusting,
 )
 from einsora.common.errors import ConfigError, EinsoraError
 from einsora.common.schemas import (
@@ -126,6 +127,7 @@ class AccountingService:
             identities.ACCOUNTING,
             self.settings.nats_credentials_dir,
             name="einsora-accounting",
+            tls=tls_trusting(self.settings.nats_tls_cert),
         )
         js = self._nc.jetstream()
         await provision(js, only=(names.USAGE_KV.stream,))

@@ -43,7 +43,7 @@ from einsora.agent.machine import MachineAgent
 from einsora.agent.publisher import ObservedPublisher
 from einsora.agent.records import RecordStore
 from einsora.agent.supervisor import Timing
-from einsora.common.bus import bind_bucket, connect, identities, names, provision
+from einsora.common.bus import bind_bucket, connect, identities, names, provision, tls_trusting
 from einsora.common.bus.connect import CredentialRefused
 from einsora.common.bus.identities import Identity
 from einsora.common.errors import BusUnavailable, ConfigError, EinsoraError
@@ -168,6 +168,7 @@ class AgentService:
         # A machine's identity is its machine id; its permissions reach its own keys only.
         if credentials_dir is not None:
             self._credentials = identities.load_identity(credentials_dir, self._inbox_machine)
+            self._tls = tls_trusting(self.settings.nats_tls_cert)  # Solo's own agent
         elif self.enrolment is not None:
             self._tls = self.enrolment.nats_tls()
         closed = asyncio.Event()

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import ssl
 from pathlib import Path
 
 from nats.aio.client import Client as NATS
 
 from einsora.api.services.machines import by_credential
 from einsora.api.store import Store
-from einsora.common.bus import connect, identities
+from einsora.common.bus import connect_as, identities
 from einsora.common.bus.callout import AuthCallout, Grant
 
 log = logging.getLogger("einsora.api.bus_auth")
@@ -46,11 +47,13 @@ class MachineBusAuth:
             return False
         return identities.seed_path(credentials_dir, identities.ISSUER).exists()
 
-    async def start(self, url: str, credentials_dir: Path) -> None:
+    async def start(
+        self, url: str, credentials_dir: Path, tls: ssl.SSLContext | None = None
+    ) -> None:
         issuer = identities.ensure_issuer(credentials_dir)
         self._callout = AuthCallout(issuer, self._authorize)
-        self._callout_nc = await _connect(url, credentials_dir, identities.CALLOUT)
-        self._system_nc = await _connect(url, credentials_dir, identities.SYSTEM)
+        self._callout_nc = await connect_as(url, identities.CALLOUT, credentials_dir, tls=tls)
+        self._system_nc = await connect_as(url, identities.SYSTEM, credentials_dir, tls=tls)
         await self._callout.start(self._callout_nc)
         log.info("bus auth callout serving machines' credentials")
 
@@ -80,12 +83,3 @@ class MachineBusAuth:
         if self._callout is None or self._system_nc is None:
             return 0
         return await self._callout.kick(machine_id, self._system_nc)
-
-
-async def _connect(url: str, credentials_dir: Path, identity: str) -> NATS:
-    return await connect(
-        url,
-        name=f"einsora-api-{identity}",
-        inbox_prefix=identities.inbox_prefix(identity),
-        credentials=identities.load_identity(credentials_dir, identity),
-    )

@@ -43,7 +43,7 @@ from einsora.api.revocations import Revocations
 from einsora.api.services.usage import Accounting
 from einsora.api.store import Store
 from einsora.api.timeline import TimelineConsumer
-from einsora.common.bus import connect_as, identities, provision
+from einsora.common.bus import connect_as, identities, provision, tls_trusting
 from einsora.common.bus.provision import ALL_BUT_ROUTES
 from einsora.common.catalog import Catalog
 from einsora.common.errors import PortInUse
@@ -130,6 +130,7 @@ class ApiService:
                 self.settings.effective_nats_url,
                 identities.API,
                 self.settings.nats_credentials_dir,
+                tls=tls_trusting(self.settings.nats_tls_cert),
             )
             js = self.nc.jetstream()
             await provision(js, only=ALL_BUT_ROUTES)
@@ -156,7 +157,11 @@ class ApiService:
             credentials_dir = self.settings.nats_credentials_dir
             if credentials_dir is not None and MachineBusAuth.wanted(credentials_dir):
                 self.bus_auth = MachineBusAuth(self.store)
-                await self.bus_auth.start(self.settings.effective_nats_url, credentials_dir)
+                await self.bus_auth.start(
+                    self.settings.effective_nats_url,
+                    credentials_dir,
+                    tls_trusting(self.settings.nats_tls_cert),
+                )
             self._redeemer = TicketRedeemer(self.store, self.nc, clock=self._now)
             await self._redeemer.start()
             tokens = self.tokens = VerifiedTokens()

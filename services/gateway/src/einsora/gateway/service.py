@@ -13,7 +13,7 @@ import aiohttp
 from aiohttp import web
 from nats.aio.client import Client as NATS
 
-from einsora.common.bus import connect_as, identities, names, provision
+from einsora.common.bus import connect_as, identities, names, provision, tls_trusting
 from einsora.common.errors import PortInUse
 from einsora.common.settings import Settings
 from einsora.gateway.app import GatewayState, create_app
@@ -63,6 +63,7 @@ class GatewayService:
             self._settings.effective_nats_url,
             identities.GATEWAY,
             self._settings.nats_credentials_dir,
+            tls=tls_trusting(self._settings.nats_tls_cert),
         )
         js = self._nc.jetstream()
         await provision(js, only=(names.GATEWAY_LIMITS.stream,))

@@ -16,7 +16,7 @@ from aiohttp import web
 from nats.aio.client import Client as NATS
 from pydantic import ValidationError
 
-from einsora.common.bus import KvMirror, connect_as, identities, names, provision
+from einsora.common.bus import KvMirror, connect_as, identities, names, provision, tls_trusting
 from einsora.common.schemas import Enrolment, Route
 from einsora.common.settings import Settings
 from einsora.proxy.app import ProxyState, create_app
@@ -84,6 +84,7 @@ class ProxyService:
             self._settings.effective_nats_url,
             identities.PROXY,
             self._settings.nats_credentials_dir,
+            tls=tls_trusting(self._settings.nats_tls_cert),
         )
         js = self._nc.jetstream()
         await provision(js, only=(names.ROUTES.stream,))

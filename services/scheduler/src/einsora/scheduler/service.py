@@ -27,6 +27,7 @@ from einsora.common.bus import (
     names,
     provision,
     request_id_of,
+    tls_trusting,
 )
 from einsora.common.bus.mirror import KvMirror
 from einsora.common.catalog import Catalog
@@ -114,6 +115,7 @@ class SchedulerService:
             identities.SCHEDULER,
             self.settings.nats_credentials_dir,
             name=f"einsora-scheduler-{self.region}",
+            tls=tls_trusting(self.settings.nats_tls_cert),
         )
         js = self._nc.jetstream()
         await provision(js)

@@ -193,7 +193,12 @@ def _refusal(where: str, credentials: Identity | None, token: str | None) -> Cre
 
 
 async def connect_as(
-    url: str, identity: str, credentials_dir: Path | None, *, name: str | None = None
+    url: str,
+    identity: str,
+    credentials_dir: Path | None,
+    *,
+    name: str | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> NATS:
     """Connect as one bus identity: its own inbox prefix, and its seed when credentials are on."""
     credentials = None if credentials_dir is None else load_identity(credentials_dir, identity)
@@ -202,4 +207,23 @@ async def connect_as(
         name=name or f"einsora-{identity}",
         inbox_prefix=inbox_prefix(identity),
         credentials=credentials,
+        tls=tls,
     )
+
+
+def tls_trusting(certificate: Path | None) -> ssl.SSLContext | None:
+    """A client TLS context that trusts exactly `certificate` (the server's own, PEM), whoever
+    issued it and whatever names it carries: the control plane's services reach their server
+    at 127.0.0.1 or at the address it listens on. None without a certificate (plain NATS)."""
+    if certificate is None:
+        return None
+    try:
+        context = ssl.create_default_context(cafile=str(certificate))
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(
+            f"cannot read the NATS TLS certificate {certificate}: {exc}; check "
+            "EINSORA_NATS_TLS_CERT"
+        ) from exc
+    context.check_hostname = False  # the certificate itself is pinned instead
+    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # a leaf may be its own anchor
+    return context
