@@ -347,8 +347,8 @@ async def main() -> None:
     from einsora.common.ids import new_id
     from einsora.common.schemas import Enrolment, Route, WorkloadKind
     from einsora.common.settings import Settings
+    from einsora.common.tunnel_clients import socket_path
     from einsora.proxy import ProxyService
-    from einsora.proxy.tunnels import socket_path
 
     up_port = free_port()
     upstream = role("upstream", str(up_port))

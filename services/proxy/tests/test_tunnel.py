@@ -31,9 +31,9 @@ from einsora.common.ids import new_id
 from einsora.common.schemas import Enrolment, Route, WorkloadKind, utcnow
 from einsora.common.settings import Settings
 from einsora.common.testing import Bus, until
+from einsora.common.tunnel_clients import socket_path
 from einsora.gateway.testing import harness as gateway_harness
 from einsora.proxy import ProxyService
-from einsora.proxy.tunnels import socket_path
 
 log = logging.getLogger("test.tunnel")
 

@@ -20,7 +20,7 @@ import aiohttp
 
 from einsora.common import simtext
 from einsora.common.schemas import CountSource, Route
-from einsora.gateway.tunnels import TunnelClients
+from einsora.common.tunnel_clients import TunnelClients
 
 SIM = "sim"
 LLAMACPP = "llamacpp"

@@ -25,12 +25,12 @@ from aiohttp import web
 
 from einsora.common.bus import names
 from einsora.common.schemas import Route
+from einsora.common.tunnel_clients import TunnelClients
 from einsora.gateway.answers import StreamReader, Usage, answer_text, usage_of
 from einsora.gateway.balance import Balancer
 from einsora.gateway.counting import Api
 from einsora.gateway.errors import SERVER, error_response
 from einsora.gateway.sse import EventSplitter
-from einsora.gateway.tunnels import TunnelClients
 
 log = logging.getLogger("einsora.gateway.forward")
 

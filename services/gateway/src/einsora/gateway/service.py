@@ -16,6 +16,7 @@ from nats.aio.client import Client as NATS
 from einsora.common.bus import connect_as, identities, names, provision, tls_trusting
 from einsora.common.errors import PortInUse
 from einsora.common.settings import Settings
+from einsora.common.tunnel_clients import TunnelClients
 from einsora.gateway.app import GatewayState, create_app
 from einsora.gateway.balance import Balancer
 from einsora.gateway.counting import Counter
@@ -24,7 +25,6 @@ from einsora.gateway.keys import KeyTable
 from einsora.gateway.limits import LimitBook
 from einsora.gateway.protocol import GuardedAppRunner
 from einsora.gateway.routes import ModelTable
-from einsora.gateway.tunnels import TunnelClients
 from einsora.gateway.usage import UsagePublisher
 
 log = logging.getLogger("einsora.gateway")

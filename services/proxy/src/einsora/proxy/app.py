@@ -22,7 +22,8 @@ from einsora.common import logs
 from einsora.common.bus import names
 from einsora.common.ids import new_id
 from einsora.common.schemas import AccessRedeemReply, AccessRedeemRequest, WorkloadKind
-from einsora.proxy.forward import TunnelClients, forward_http, forward_websocket
+from einsora.common.tunnel_clients import TunnelClients
+from einsora.proxy.forward import forward_http, forward_websocket
 from einsora.proxy.routes import RouteTable
 from einsora.proxy.sessions import SessionStore
 from einsora.proxy.sites import DASHBOARD_COOKIE, ENTER_PATH, SiteConfig

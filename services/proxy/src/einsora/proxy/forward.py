@@ -8,17 +8,15 @@ address are rewritten to its site, and the workload's token is scrubbed from bod
 (JupyterLab's page config embeds it).
 
 A route reached through a machine's tunnel is forwarded over the unix socket the tunnel hub
-serves for it (`tunnels.socket_path`), with one keep-alive client session per socket.
+serves for it (`einsora.common.tunnel_clients`), with one keep-alive client session per socket.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Iterable
 from http.cookies import SimpleCookie
-from pathlib import Path
 from urllib.parse import parse_qsl, urlencode
 
 import aiohttp
@@ -26,7 +24,6 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from einsora.common.schemas import Route, WorkloadKind
-from einsora.proxy.tunnels import socket_path
 
 HOP_BY_HOP = frozenset(
     h.lower()
@@ -64,37 +61,6 @@ CLIENT_ONLY = frozenset(
 
 
 SMALL_BODY = 256 * 1024
-
-
-class TunnelClients:
-    """One keep-alive client session per tunnel socket; one whose socket is gone is closed."""
-
-    def __init__(self, tunnel_dir: Path, timeout: aiohttp.ClientTimeout, sweep_s: float = 60):
-        self._dir = tunnel_dir
-        self._timeout = timeout
-        self._sweep_s = sweep_s
-        self._swept = time.monotonic()
-        self._sessions: dict[Path, aiohttp.ClientSession] = {}
-
-    async def session(self, route: Route) -> aiohttp.ClientSession:
-        """The session that reaches `route` through its machine's tunnel."""
-        if time.monotonic() - self._swept > self._sweep_s:
-            self._swept = time.monotonic()
-            for gone in [p for p in self._sessions if not p.exists()]:
-                await self._sessions.pop(gone).close()
-        path = socket_path(self._dir, route.machine_id, route.port)
-        if path not in self._sessions:
-            self._sessions[path] = aiohttp.ClientSession(
-                connector=aiohttp.UnixConnector(str(path)),
-                timeout=self._timeout,
-                cookie_jar=aiohttp.DummyCookieJar(),
-            )
-        return self._sessions[path]
-
-    async def close(self) -> None:
-        sessions, self._sessions = self._sessions, {}
-        for session in sessions.values():
-            await session.close()
 
 
 def upstream_base(route: Route) -> str:

@@ -19,8 +19,8 @@ from pydantic import ValidationError
 from einsora.common.bus import KvMirror, connect_as, identities, names, provision, tls_trusting
 from einsora.common.schemas import Enrolment, Route
 from einsora.common.settings import Settings
+from einsora.common.tunnel_clients import TunnelClients
 from einsora.proxy.app import ProxyState, create_app
-from einsora.proxy.forward import TunnelClients
 from einsora.proxy.protocol import GuardedAppRunner
 from einsora.proxy.routes import AUDIT_S, RouteTable
 from einsora.proxy.sessions import Clock, SessionStore

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import asyncssh
 
-from einsora.common.bus import names
 from einsora.common.errors import ConfigError, PortInUse
 from einsora.common.schemas import Enrolment
+from einsora.common.tunnel_clients import socket_path
 
 log = logging.getLogger("einsora.proxy.tunnels")
 
@@ -41,13 +41,6 @@ SOCKET_PATH_MAX = 107
 
 Forward = tuple[str, int]
 """A machine id and a port on that machine."""
-
-
-def socket_path(tunnel_dir: Path, machine_id: str, port: int) -> Path:
-    """Where a tunnelled route's forward listens: `<tunnel_dir>/<machine_id>/<port>.sock`."""
-    if not names.is_subject_token(machine_id, max_length=100) or not 0 < port < 65536:
-        raise ValueError(f"no tunnel socket for machine {machine_id!r} port {port}")
-    return tunnel_dir / machine_id / f"{port}.sock"
 
 
 def key_line(key: asyncssh.SSHKey) -> str:

@@ -32,6 +32,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from einsora.common.bus import names
 from einsora.common.bus.accounts import APP_ACCOUNT
 from einsora.common.bus.identities import AUTH_REQUEST_SUBJECT, Identity, Permissions
 
@@ -219,7 +220,7 @@ class AuthCallout:
         async def one(server_id: str, cid: int) -> bool:
             try:
                 reply = await sys_nc.request(
-                    f"$SYS.REQ.SERVER.{server_id}.KICK", json.dumps({"cid": cid}).encode(), 2.0
+                    names.server_kick_subject(server_id), json.dumps({"cid": cid}).encode(), 2.0
                 )
                 return "error" not in json.loads(reply.data)
             except (nats.errors.Error, ValueError) as exc:

@@ -320,7 +320,7 @@ SYSTEM = "system"
 ISSUER = "callout-issuer"
 """The account nkey that signs the user JWTs the callout issues; the server trusts its public key.
 Its seed (`SA…`) is an account seed, not a user seed."""
-AUTH_REQUEST_SUBJECT = "$SYS.REQ.USER.AUTH"
+AUTH_REQUEST_SUBJECT = names.AUTH_REQUEST_SUBJECT
 """Where the server asks the auth callout who a connecting client is (in the callout's account)."""
 
 
@@ -334,7 +334,7 @@ def callout_permissions() -> Permissions:
 def system_permissions() -> Permissions:
     """The system identity's: kick a connection on any server, and read its own replies."""
     return Permissions(
-        publish=("$SYS.REQ.SERVER.*.KICK",), subscribe=(f"{inbox_prefix(SYSTEM)}.>",)
+        publish=(names.SERVER_KICK_SUBJECTS,), subscribe=(f"{inbox_prefix(SYSTEM)}.>",)
     )
 
 

@@ -97,6 +97,17 @@ group `accounting`."""
 
 ACCOUNTING_QUEUE_GROUP: Final = "accounting"
 
+AUTH_REQUEST_SUBJECT: Final = "$SYS.REQ.USER.AUTH"
+"""The server's auth callout requests (in the `AUTH` account); the api answers them (ADR-0016)."""
+
+
+def server_kick_subject(server_id: str) -> str:
+    """System account: close one client connection of server `server_id` (`{"cid": N}`)."""
+    return f"$SYS.REQ.SERVER.{_token(server_id)}.KICK"
+
+
+SERVER_KICK_SUBJECTS: Final = "$SYS.REQ.SERVER.*.KICK"
+
 API_QUEUE_GROUP: Final = "api"
 """Queue group of the api's request/reply handlers, so several api replicas share them."""
 
