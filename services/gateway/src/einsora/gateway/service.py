@@ -15,15 +15,16 @@ from nats.aio.client import Client as NATS
 
 from einsora.common.bus import connect_as, identities, names, provision, tls_trusting
 from einsora.common.errors import PortInUse
+from einsora.common.http_guard import GuardedAppRunner
 from einsora.common.settings import Settings
 from einsora.common.tunnel_clients import TunnelClients
 from einsora.gateway.app import GatewayState, create_app
 from einsora.gateway.balance import Balancer
 from einsora.gateway.counting import Counter
+from einsora.gateway.errors import INVALID_REQUEST, SERVER, error_response
 from einsora.gateway.forward import Forwarder
 from einsora.gateway.keys import KeyTable
 from einsora.gateway.limits import LimitBook
-from einsora.gateway.protocol import GuardedAppRunner
 from einsora.gateway.routes import ModelTable
 from einsora.gateway.usage import UsagePublisher
 
@@ -90,7 +91,14 @@ class GatewayService:
             clock=self._clock,
         )
         # Guarded: a request that fails is answered and logged without quoting its bytes.
-        self._runner = GuardedAppRunner(create_app(state), access_log=None, shutdown_timeout=5.0)
+        self._runner = GuardedAppRunner(
+            create_app(state),
+            answer=_error_answer,
+            what="gateway",
+            logger="einsora.gateway.http",
+            access_log=None,
+            shutdown_timeout=5.0,
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._settings.bind_host, self._settings.gateway_port)
         try:
@@ -130,3 +138,9 @@ class GatewayService:
                 await self._nc.close()
             self._nc = None
         await asyncio.sleep(0)
+
+
+def _error_answer(status: int, text: str, request_id: str) -> web.StreamResponse:
+    """A request that failed before the gateway's handlers, answered in OpenAI's error shape."""
+    kind = INVALID_REQUEST if status < 500 else SERVER
+    return error_response(status, text, request_id, code=None, type_=kind)

@@ -17,11 +17,11 @@ from nats.aio.client import Client as NATS
 from pydantic import ValidationError
 
 from einsora.common.bus import KvMirror, connect_as, identities, names, provision, tls_trusting
+from einsora.common.http_guard import GuardedAppRunner
 from einsora.common.schemas import Enrolment, Route
 from einsora.common.settings import Settings
 from einsora.common.tunnel_clients import TunnelClients
-from einsora.proxy.app import ProxyState, create_app
-from einsora.proxy.protocol import GuardedAppRunner
+from einsora.proxy.app import ProxyState, create_app, plain_response
 from einsora.proxy.routes import AUDIT_S, RouteTable
 from einsora.proxy.sessions import Clock, SessionStore
 from einsora.proxy.sites import SiteConfig
@@ -125,7 +125,13 @@ class ProxyService:
             self.sites, self._routes, self.sessions, self._nc, self._client, self._tunnels
         )
         # Guarded: a request that fails is answered and logged without quoting its bytes.
-        self._runner = GuardedAppRunner(create_app(state), access_log=None)
+        self._runner = GuardedAppRunner(
+            create_app(state),
+            answer=plain_response,
+            what="access proxy",
+            logger="einsora.proxy.http",
+            access_log=None,
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._settings.bind_host, self._settings.proxy_port)
         await site.start()
