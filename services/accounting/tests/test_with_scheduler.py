@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest_asyncio
+from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
@@ -36,7 +37,7 @@ from einsora.common.schemas import (
     utcnow,
 )
 from einsora.common.settings import Settings
-from einsora.common.testing import Bus
+from einsora.common.testing import Bus, enrol
 from einsora.scheduler import SchedulerService
 
 if TYPE_CHECKING:
@@ -50,7 +51,8 @@ AGENT_SKEW = timedelta(hours=1)
 class Agent:
     """One machine's agent on the bus, whose own clock is an hour behind."""
 
-    def __init__(self, machines: KeyValue, machine_id: str) -> None:
+    def __init__(self, js: JetStreamContext, machines: KeyValue, machine_id: str) -> None:
+        self.js = js
         self.machines = machines
         self.machine_id = machine_id
         self.phases: dict[str, ObservedPhase] = {}
@@ -77,6 +79,9 @@ class Agent:
             ],
             drivers=["sim"],
         )
+        # Enrolled as the api would, owned by the tenant that launches (the scheduler counts
+        # only enrolled machines).
+        await enrol(self.js, self.machine_id, owner_tenant_id="t-sched")
         await self.machines.put(names.inventory_key(self.machine_id), inventory.to_bytes())
 
     async def desired(self) -> DesiredState | None:
@@ -230,7 +235,7 @@ async def test_an_agent_an_hour_off_changes_nothing(
 ) -> None:
     await scheduler_on(bus, start_scheduler, sqlite_url, data_dir)
     accounting = await start_accounting(sqlite_url)
-    agent = Agent(machines, "m-skew")
+    agent = Agent(bus.js, machines, "m-skew")
     await agent.join()
     w = new_id("workload")
     await launch(bus, w)
@@ -267,7 +272,7 @@ async def test_a_lost_machine_closes_its_allocation_at_its_last_heartbeat(
         bus, start_scheduler, sqlite_url, data_dir, suspect_after_s=0.4, lost_after_s=lost_after_s
     )
     accounting = await start_accounting(sqlite_url)
-    agent = Agent(machines, "m-gone")
+    agent = Agent(bus.js, machines, "m-gone")
     await agent.join()
     agent.beat()
     w = new_id("workload")

@@ -14,6 +14,7 @@ from einsora.common.schemas import (
     ObservedPhase,
     ObservedState,
     ObservedWorkload,
+    SharingLevel,
 )
 from einsora.common.testing import Bus, enrol
 
@@ -105,9 +106,19 @@ async def test_machines_classes_and_regions_follow_the_inventories(
     assert machines["m-gpu"]["heartbeat_at"] == "2026-11-29T12:00:00Z"
     assert machines["m-gpu"]["inventory"]["gpus"][0]["model"] == "NVIDIA L40S"
     assert machines["m-small"]["heartbeat_at"] is None
-    # Another tenant is not told what runs there, not even how many (the workload is not theirs).
-    _, other = await new_tenant(api, "other", "olga")
+    # Another tenant is not told of a private machine that is not theirs; of one they are a
+    # guest of, not what runs there, not even how many (the workload is not theirs).
+    other_id, other = await new_tenant(api, "other", "olga")
+    assert (await other.get("/v1/machines")).body["items"] == []
+    await enrol(bus.js, "m-gpu", region="lab", sharing=SharingLevel.invite_only, guests=(other_id,))
+
+    async def listed_to_them() -> bool:
+        theirs = {m["id"]: m for m in (await other.get("/v1/machines")).body["items"]}
+        return "m-gpu" in theirs
+
+    await eventually(listed_to_them)
     theirs = {m["id"]: m for m in (await other.get("/v1/machines")).body["items"]}
+    assert list(theirs) == ["m-gpu"]
     assert theirs["m-gpu"]["workloads"] == 0
 
     classes = {c["name"]: c for c in await _all(api, "/v1/classes")}

@@ -22,6 +22,7 @@ class Victim:
     gateway_key_id: str
     join_token_id: str
     machine_id: str
+    machine_invitation_id: str
     client: Client
 
 
@@ -47,6 +48,11 @@ ATTEMPTS: list[tuple[str, str, str, object]] = [
     ("DELETE", "/v1/gateway/keys/{id}", "gateway_key_id", None),
     ("DELETE", "/v1/machines/join-tokens/{id}", "join_token_id", None),
     ("DELETE", "/v1/machines/{id}", "machine_id", None),
+    ("PATCH", "/v1/machines/{id}", "machine_id", {"sharing": "community"}),
+    ("POST", "/v1/machines/{id}/invitations", "machine_id", {"tenant": "intruder"}),
+    ("GET", "/v1/machines/{id}/invitations", "machine_id", None),
+    ("DELETE", "/v1/machines/{id}/invitations/{invitation}", "machine_id", None),
+    ("POST", "/v1/machine-invitations/{id}/accept", "machine_invitation_id", None),
 ]
 
 
@@ -74,6 +80,11 @@ async def _victim(api: RunningApi) -> Victim:
     machine = await api.client(None).post(
         "/v1/machines/join", {"token": spent.body["token"], "hostname": "victim's"}
     )
+    # An open invitation to use the machine, of a third tenant (the intruder is not it).
+    await _tenant(api, "guest")
+    machine_invitation = await client.post(
+        f"/v1/machines/{machine.body['machine_id']}/invitations", {"tenant": "guest"}
+    )
     assert api.service.store is not None
     async with api.service.store.write() as conn:  # so every action would be allowed
         for wid, state in ((running.body["id"], "running"), (parked.body["id"], "parked")):
@@ -89,6 +100,7 @@ async def _victim(api: RunningApi) -> Victim:
         gateway_key.body["id"],
         join_token.body["id"],
         machine.body["machine_id"],
+        machine_invitation.body["id"],
         client,
     )
 
@@ -100,7 +112,8 @@ async def test_another_tenants_objects_answer_404_on_every_route(api_on_store: R
     before = await victim.client.get(f"/v1/workloads/{victim.workload_id}/events")
     for method, template, which, body in ATTEMPTS:
         path = template.replace("{id}", getattr(victim, which))
-        path = path.replace("{invitation}", victim.invitation_id)
+        invitation = victim.machine_invitation_id if "/machines/" in template else None
+        path = path.replace("{invitation}", invitation or victim.invitation_id)
         answer = await intruder.call(method, path, body)
         assert answer.status == 404, (method, template, answer.status, answer.text)
         assert answer.body["error"] == "not_found"
@@ -127,6 +140,12 @@ async def test_another_tenants_objects_answer_404_on_every_route(api_on_store: R
     assert victim.join_token_id in [t["id"] for t in join_tokens.body["items"]]
     machines = {m["id"]: m for m in (await victim.client.get("/v1/machines")).body["items"]}
     assert machines[victim.machine_id]["enrolment"]["revoked_at"] is None
+    assert machines[victim.machine_id]["enrolment"]["sharing"] == "private"
+    path = f"/v1/machines/{victim.machine_id}/invitations"
+    machine_invitations = (await victim.client.get(path)).body["items"]
+    assert [(i["id"], i["accepted_at"], i["revoked_at"]) for i in machine_invitations] == [
+        (victim.machine_invitation_id, None, None)
+    ]
 
 
 async def test_lists_show_only_the_callers_tenant(api: RunningApi) -> None:
@@ -142,6 +161,9 @@ async def test_lists_show_only_the_callers_tenant(api: RunningApi) -> None:
     tenants = await intruder.get("/v1/tenants")
     assert [t["name"] for t in tenants.body["items"]] == ["intruder"]
     assert victim.tenant_id not in tenants.text
+    # The victim's private machine is not listed (nor its invitation, to another tenant).
+    assert victim.machine_id not in (await intruder.get("/v1/machines")).text
+    assert (await intruder.get("/v1/machine-invitations")).body["items"] == []
 
 
 async def test_a_member_of_the_same_tenant_cannot_revoke_anothers_token(api: RunningApi) -> None:

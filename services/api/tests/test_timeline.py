@@ -71,7 +71,12 @@ async def test_events_move_the_workload_and_fill_its_timeline_once(
     await eventually(all_in)
     shown = (await api.owner.get(path)).body
     assert shown["state"] == "scheduled"
-    assert shown["placement"] == {"region": "local", "machine": "m-1", "placed_class": "cpu-1c-2g"}
+    assert shown["placement"] == {
+        "region": "local",
+        "machine": "m-1",
+        "placed_class": "cpu-1c-2g",
+        "host": None,  # m-1 is no other tenant's machine
+    }
     entries = (await api.owner.get(f"{path}/events")).body["items"]
     reasons = [e["reason"] for e in entries]
     assert reasons.count("scheduled happened") == 1

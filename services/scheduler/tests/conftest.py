@@ -40,6 +40,9 @@ from einsora.scheduler import SchedulerService
 
 T = TypeVar("T")
 
+TENANT = "t-test"
+"""The tenant of every launch Sim makes, and the owner of every machine it enrols."""
+
 GPU_MODELS = {"l40s-48gb": ("NVIDIA L40S", 46068), "a100-80gb": ("NVIDIA A100-SXM4-80GB", 81920)}
 
 
@@ -264,7 +267,7 @@ class Sim:
                 "intent_id": intent_id or new_id("intent"),
                 "action": action,
                 "workload_id": workload_id,
-                "tenant_id": "t-test",
+                "tenant_id": TENANT,
                 "region": "local",
                 "kind": WorkloadKind.notebook,
                 "class": class_name,
@@ -285,14 +288,19 @@ class Sim:
     # --- playing the agents -----------------------------------------------------------------
 
     async def join(
-        self, machine_id: str, *, enrolled: str | None = "same", **kwargs: Any
+        self,
+        machine_id: str,
+        *,
+        enrolled: str | None = "same",
+        owner: str = TENANT,
+        **kwargs: Any,
     ) -> Inventory:
         """Enrol the machine (as the api would: in the inventory's region unless `enrolled`
         names another; None: not enrolled) and write its inventory (as its agent would)."""
         inv = inventory(machine_id, **kwargs)
         if enrolled is not None:
             region = inv.region if enrolled == "same" else enrolled
-            await enrol(self.bus.js, machine_id, region=region)
+            await enrol(self.bus.js, machine_id, region=region, owner_tenant_id=owner)
         await self.machines.put(names.inventory_key(machine_id), inv.to_bytes())
         return inv
 

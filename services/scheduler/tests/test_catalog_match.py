@@ -41,7 +41,10 @@ def _mac(machine_id: str, gib: int) -> Inventory:
 def _book(*machines: Inventory) -> Book:
     book = Book("local", CATALOG)
     for inventory in machines:
-        book.add_machine(Machine(inventory.machine_id, "local", inventory, generation=1), new=False)
+        machine = Machine(
+            inventory.machine_id, "local", inventory, generation=1, owner_tenant="t-1"
+        )
+        book.add_machine(machine, new=False)
     return book
 
 

@@ -12,6 +12,7 @@ from einsora.common.schemas import (
     Gpu,
     GpuHealth,
     Inventory,
+    SharingLevel,
     Target,
     TenantQuota,
     TenantUsage,
@@ -24,6 +25,7 @@ from einsora.scheduler.book import Book
 from einsora.scheduler.capacity import CPU_POOL, CapacityIndex, Demand, fit, gpus_by_class
 from einsora.scheduler.model import Liveness, Machine, Workload
 from einsora.scheduler.observe import next_liveness
+from einsora.scheduler.trust import Trust, trust_level
 
 CATALOG = Catalog.load()
 
@@ -51,10 +53,15 @@ def _inventory(
     )
 
 
-def _book(*machines: Inventory, owner_tenant: str | None = None) -> Book:
-    book = Book("local", CATALOG, owner_tenant=owner_tenant)
+def _book(*machines: Inventory, owner_tenant: str | None = None, shared: bool = True) -> Book:
+    """A book over these machines; `shared`: each is shared with a community pool, so every
+    tenant may use the strongly isolated ones (the trust matrix's tests set their own)."""
+    book = Book("local", CATALOG, owner_tenant=owner_tenant, community_pool=shared)
     for inventory in machines:
-        book.add_machine(Machine(inventory.machine_id, "local", inventory, generation=1), new=False)
+        machine = Machine(inventory.machine_id, "local", inventory, generation=1)
+        if shared:
+            machine.sharing = SharingLevel.community
+        book.add_machine(machine, new=False)
     return book
 
 
@@ -184,38 +191,104 @@ def test_silence_is_judged_by_time(current: Liveness, silent: float, expected: L
     assert next_liveness(current, silent, 30, 120) is expected
 
 
-# --- the trust filter (issue 9, hole 3): weak isolation only for the machine owner's tenant ---
+# --- the trust matrix (issues 9 and 15): who may use a machine, with which isolation -------
 
 
-def test_a_machine_with_only_weak_isolation_takes_only_its_owners_tenant() -> None:
-    book = _book(_inventory("m-host", gpus=2, drivers=("process",)), owner_tenant="t-owner")
+def _shared(
+    book: Book,
+    machine_id: str,
+    owner: str,
+    sharing: SharingLevel = SharingLevel.private,
+    guests: tuple[str, ...] = (),
+) -> None:
+    """What the machine's enrolment says (the scheduler reads it from the enrolments bucket)."""
+    machine = book.machines[machine_id]
+    machine.owner_tenant, machine.sharing, machine.guests = owner, sharing, frozenset(guests)
+    book.machine_changed(machine)
+
+
+@pytest.mark.parametrize(
+    ("sharing", "guests", "pool", "level"),
+    [
+        (SharingLevel.private, (), False, None),
+        (SharingLevel.private, ("t-guest",), False, None),  # invited, but not shared (yet)
+        (SharingLevel.invite_only, (), False, None),
+        (SharingLevel.invite_only, ("t-guest",), False, Trust.invited),
+        (SharingLevel.community, (), False, None),  # this instance runs no community pool
+        (SharingLevel.community, (), True, Trust.community),
+        (SharingLevel.community, ("t-guest",), True, Trust.invited),
+    ],
+)
+@pytest.mark.parametrize(("drivers", "strong"), [(("process",), False), (("libvirt",), True)])
+def test_the_trust_matrix_decides_who_runs_where_and_the_note_says_why(
+    sharing: SharingLevel,
+    guests: tuple[str, ...],
+    pool: bool,
+    level: Trust | None,
+    drivers: tuple[str, ...],
+    strong: bool,
+) -> None:
+    book = _book(_inventory("m-alice", gpus=2, drivers=drivers), shared=False)
+    book.community_pool = pool
+    _shared(book, "m-alice", "t-alice", sharing, guests)
+    machine = book.machines["m-alice"]
+    assert trust_level(machine, "t-alice", None, pool) is Trust.owner
+    assert trust_level(machine, "t-guest", None, pool) is level
+
     guest = _workload("l40s-48gb", tenant_id="t-guest", age_s=10)
-    assert _admit(book, guest) is None
-    assert guest.state is WorkloadState.queued
-    assert "m-host" in guest.reason
-    assert "weak isolation" in guest.reason
-    # The guest waiting at the head of the pool does not hold back the owner's own workload.
-    own = _workload("l40s-48gb", tenant_id="t-owner")
-    assert _admit(book, own) == "m-host"
-    assert guest.state is WorkloadState.queued
+    placed = _admit(book, guest)
+    if level is not None and strong:
+        assert placed == "m-alice"
+    else:
+        assert placed is None
+        assert guest.state is WorkloadState.queued
+        if level is None:
+            assert "m-alice: not shared with your tenant" in guest.reason or (
+                "community pool this instance does not run" in guest.reason
+            )
+        else:
+            assert "m-alice: only weak isolation (process); guests need strong" in guest.reason
+    # The owner runs on it with any driver, and a waiting guest does not hold the owner back.
+    own = _workload("l40s-48gb", tenant_id="t-alice")
+    assert _admit(book, own) == "m-alice"
 
 
 def test_a_guest_goes_to_a_machine_with_strong_isolation() -> None:
     book = _book(
         _inventory("m-host", gpus=1, drivers=("process",)),
-        _inventory("m-vm", gpus=2, drivers=("process", "libvirt")),
-        owner_tenant="t-owner",
+        _inventory("m-vm", gpus=2, drivers=("libvirt",)),
+        shared=False,
     )
+    for machine in ("m-host", "m-vm"):
+        _shared(book, machine, "t-owner", SharingLevel.invite_only, ("t-guest",))
     # Best fit alone would pick m-host (one free device); trust sends the guest to m-vm.
     assert _admit(book, _workload("l40s-48gb", tenant_id="t-guest")) == "m-vm"
     assert _admit(book, _workload("l40s-48gb", tenant_id="t-owner", age_s=1)) == "m-host"
 
 
-def test_without_a_machine_owner_weak_machines_take_nobody() -> None:
-    book = _book(_inventory("m-host", cpus=8, drivers=("process",)))
+def test_a_gpu_is_never_booked_to_two_tenants_at_once() -> None:
+    book = _book(_inventory("m-vm", gpus=2, drivers=("libvirt",)))
+    book.community_pool = True
+    _shared(book, "m-vm", "t-owner", SharingLevel.community)
+    placed = [
+        _admit(book, _workload("l40s-48gb", tenant_id=t, age_s=i))
+        for i, t in enumerate(["t-a", "t-owner", "t-b", "t-a", "t-owner"])
+    ]
+    assert placed.count("m-vm") == 2  # two devices, two workloads; the rest wait
+    booked = [row.gpus for row in book.machines["m-vm"].rows.values() if row.gpus]
+    assert sorted(g for gpus in booked for g in gpus) == ["m-vm-g0", "m-vm-g1"]
+    assert all(len(gpus) == 1 for gpus in booked)
+
+
+def test_a_machine_without_an_owner_takes_nobody_but_the_cells_owner() -> None:
+    book = _book(_inventory("m-host", cpus=8, drivers=("process",)), shared=False)
     workload = _workload("cpu-2c-4g")
     assert _admit(book, workload) is None
-    assert "no tenant" in workload.reason
+    assert "m-host: not shared with your tenant" in workload.reason
+    owned = _book(
+        _inventory("m-host", cpus=8, drivers=("process",)), owner_tenant="t-1", shared=False
+    )
+    assert _admit(owned, _workload("cpu-2c-4g")) == "m-host"
 
 
 def _endpoint(name: str, runtime: str, replicas: int = 1, age_s: float = 0) -> Workload:

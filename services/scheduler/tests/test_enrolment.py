@@ -26,7 +26,7 @@ async def test_an_unenrolled_inventory_is_ignored_until_the_machine_is_enrolled(
     assert "m-stray" not in sim.desired
 
     # Once the api enrols it, what it reported before counts.
-    await enrol(sim.bus.js, "m-stray")
+    await enrol(sim.bus.js, "m-stray", owner_tenant_id="t-test")  # the tenant Sim launches as
     await sim.wait_state(second, "scheduled")
     assert [m for m, _ in sim.placed_on(second)] == ["m-stray"]
 

@@ -84,7 +84,7 @@ async def test_sigkill_during_a_burst_of_launches_places_each_exactly_once(
     sim: Sim, store_url: str, tmp_path: Path
 ) -> None:
     for m in range(MACHINES):
-        await sim.join(f"m-{m:03d}", gpus=4)
+        await sim.join(f"m-{m:03d}", gpus=4, owner="t-burst")
     command = [
         str(Path(sys.executable).parent / "einsora"),
         "scheduler",

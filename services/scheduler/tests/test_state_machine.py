@@ -51,7 +51,8 @@ def _book() -> Book:
         drivers=["sim"],
     )
     book = Book("local", CATALOG)
-    book.add_machine(Machine(MACHINE, "local", inventory, generation=1), new=False)
+    machine = Machine(MACHINE, "local", inventory, generation=1, owner_tenant="t-1")
+    book.add_machine(machine, new=False)
     return book
 
 

@@ -1,4 +1,5 @@
-"""`einsora machines [list|join-token|revoke]`: the machines, and enrolling and revoking them."""
+"""`einsora machines [list|join-token|revoke|share|invite|invitations|accept|uninvite]`: the
+machines, enrolling and revoking them, and sharing them with other tenants."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from einsora.cli.client import ApiClient
 from einsora.cli.commands.options import common_options
 
 _SHARING = ("private", "invite-only", "community")
+
+
+def _path(machine_id: str, *rest: str) -> str:
+    return "/".join(["/v1/machines", *(quote(part, safe="") for part in (machine_id, *rest))])
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +46,41 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         parents=nested,
     )
     revoke.add_argument("id", help="the machine's id (m-…)")
+    share = sub.add_parser(
+        "share", help="set who may use a machine besides your tenant", parents=nested
+    )
+    share.add_argument("id", help="the machine's id (m-…)")
+    share.add_argument(
+        "--sharing",
+        choices=_SHARING,
+        required=True,
+        help="private: your tenant only; invite-only: also the tenants that accepted your "
+        "invitation; community: any tenant",
+    )
+    invite = sub.add_parser(
+        "invite", help="invite a tenant to use a machine (its admin accepts)", parents=nested
+    )
+    invite.add_argument("id", help="the machine's id (m-…)")
+    invite.add_argument("--tenant", required=True, help="the guest tenant's name or id")
+    invitations = sub.add_parser(
+        "invitations",
+        help="a machine's invitations; without a machine, those to your tenant",
+        parents=nested,
+    )
+    invitations.add_argument("id", nargs="?", help="the machine's id (m-…)")
+    accept = sub.add_parser(
+        "accept",
+        help="accept an invitation to use another tenant's machine (a tenant admin)",
+        parents=nested,
+    )
+    accept.add_argument("invitation", help="the invitation's id (mi-…)")
+    uninvite = sub.add_parser(
+        "uninvite",
+        help="revoke a machine invitation: the tenant is no guest any more",
+        parents=nested,
+    )
+    uninvite.add_argument("id", help="the machine's id (m-…)")
+    uninvite.add_argument("invitation", help="the invitation's id (mi-…)")
 
 
 def _list(client: ApiClient, args: argparse.Namespace) -> int:
@@ -57,7 +97,9 @@ def _list(client: ApiClient, args: argparse.Namespace) -> int:
             (
                 m.get("id"),
                 m.get("region") or "-",
-                enrolment.get("owner_tenant_id") or "(not enrolled)",
+                enrolment.get("owner_tenant_name")
+                or enrolment.get("owner_tenant_id")
+                or ("(not enrolled)" if not enrolment else "-"),
                 enrolment.get("sharing") or "-",
                 inv.get("cpus"),
                 f"{(inv.get('memory_mib') or 0) // 1024} GiB" if inv else "-",
@@ -113,7 +155,7 @@ def _join_token(client: ApiClient, args: argparse.Namespace) -> int:
 
 
 def _revoke(client: ApiClient, args: argparse.Namespace) -> int:
-    client.delete(f"/v1/machines/{quote(args.id, safe='')}")
+    client.delete(_path(args.id))
     if args.json:
         render.as_json({"id": args.id, "revoked": True})
     else:
@@ -121,13 +163,113 @@ def _revoke(client: ApiClient, args: argparse.Namespace) -> int:
     return 0
 
 
+_COUNTS_WHEN_SHARED = (
+    "An accepted invitation counts while the machine's sharing is not private "
+    "(einsora machines share {machine} --sharing invite-only)."
+)
+
+
+def _share(client: ApiClient, args: argparse.Namespace) -> int:
+    machine = client.request("PATCH", _path(args.id), {"sharing": args.sharing})
+    if args.json:
+        render.as_json(machine)
+        return 0
+    sharing = (machine.get("enrolment") or {}).get("sharing", args.sharing)
+    print(f"machine {render.escape(machine['id'])} is now {render.escape(sharing)}")
+    return 0
+
+
+def _invite(client: ApiClient, args: argparse.Namespace) -> int:
+    made = client.post(_path(args.id, "invitations"), {"tenant": args.tenant})
+    if args.json:
+        render.as_json(made)
+        return 0
+    shown, tenant = render.escape(made["id"]), render.escape(made["tenant_name"])
+    print(f"invited {tenant} to use {render.escape(made['machine_id'])} (invitation {shown})")
+    if made.get("accepted_at"):
+        print(f"{tenant} accepted it already.")
+    else:
+        print(f"An admin of {tenant} accepts it with: einsora machines accept {shown}")
+    print(_COUNTS_WHEN_SHARED.format(machine=render.escape(made["machine_id"])))
+    return 0
+
+
+def _state(invitation: dict[str, Any]) -> str:
+    if invitation.get("revoked_at"):
+        return "revoked " + render.ago(invitation["revoked_at"])
+    if invitation.get("accepted_at"):
+        return "accepted " + render.ago(invitation["accepted_at"])
+    return "open"
+
+
+def _invitations(client: ApiClient, args: argparse.Namespace) -> int:
+    owner_side = args.id is not None
+    path = _path(args.id, "invitations") if owner_side else "/v1/machine-invitations"
+    items = client.paginate(path)
+    if args.json:
+        render.as_json(items)
+        return 0
+    rows = [
+        (
+            i["id"],
+            i["machine_id"],
+            i["tenant_name"] if owner_side else i["owner_tenant_name"],
+            _state(i),
+            render.ago(i.get("created_at")),
+        )
+        for i in items
+    ]
+    render.table(
+        rows, ["invitation", "machine", "guest" if owner_side else "owner", "state", "made"]
+    )
+    return 0
+
+
+def _accept(client: ApiClient, args: argparse.Namespace) -> int:
+    accepted = client.post(f"/v1/machine-invitations/{quote(args.invitation, safe='')}/accept")
+    if args.json:
+        render.as_json(accepted)
+        return 0
+    machine = render.escape(accepted["machine_id"])
+    print(
+        f"{render.escape(accepted['tenant_name'])} is now a guest of {machine}, owned by "
+        f"{render.escape(accepted['owner_tenant_name'])}, who can see the data of what runs there"
+    )
+    print("It counts while the machine's sharing is not private, which its owner sets.")
+    return 0
+
+
+def _uninvite(client: ApiClient, args: argparse.Namespace) -> int:
+    client.delete(_path(args.id, "invitations", args.invitation))
+    if args.json:
+        render.as_json({"id": args.invitation, "machine_id": args.id, "revoked": True})
+    else:
+        shown = render.escape(args.invitation)
+        print(f"invitation {shown} revoked: that tenant is no guest of {render.escape(args.id)}")
+    return 0
+
+
+_ACTIONS = {
+    "join-token": _join_token,
+    "revoke": _revoke,
+    "share": _share,
+    "invite": _invite,
+    "invitations": _invitations,
+    "accept": _accept,
+    "uninvite": _uninvite,
+}
+
+
 def _machines(client: ApiClient, args: argparse.Namespace) -> int:
-    command = getattr(args, "machines_command", None)
-    if command == "join-token":
-        return _join_token(client, args)
-    if command == "revoke":
-        return _revoke(client, args)
-    return _list(client, args)
+    action = _ACTIONS.get(getattr(args, "machines_command", None) or "", _list)
+    return action(client, args)
 
 
-COMMANDS = [("machines", "list machines, make join tokens, revoke machines", _configure, _machines)]
+COMMANDS = [
+    (
+        "machines",
+        "list machines, make join tokens, revoke machines, share them with other tenants",
+        _configure,
+        _machines,
+    )
+]

@@ -53,9 +53,13 @@ def _launch(client: ApiClient, args: argparse.Namespace) -> int:
     final = _follow_until_settled(client, workload["id"], quiet=args.json)
     if args.json:
         render.as_json(final)
-    elif final["state"] == WorkloadState.running:
+        return 0 if final["state"] == WorkloadState.running else 1
+    if final["state"] == WorkloadState.running:
         shown = render.escape(final["id"])
         print(f"{shown} is running. Open it with: einsora open {shown}")
+    host = (final.get("placement") or {}).get("host")
+    if host:  # another tenant's machine: its owner can see the workload's data
+        print(f"Note: {render.escape(host['note'])}")
     return 0 if final["state"] == WorkloadState.running else 1
 
 
@@ -124,6 +128,7 @@ def _print_workload(workload: Any, as_json: bool) -> None:
         ("region", workload.get("region")),
         ("state", workload["state"]),
         ("machine", placement.get("machine")),
+        ("host", (placement.get("host") or {}).get("note")),
         ("created", workload.get("created_at")),
     ):
         print(f"{label:8} {render.escape(value) if value is not None else '-'}")

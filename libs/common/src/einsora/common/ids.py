@@ -27,6 +27,7 @@ PREFIXES = {
     "invitation": "inv",
     "gateway_key": "gk",
     "join_token": "jt",
+    "machine_invitation": "mi",
 }
 
 _ID_RE = re.compile(rf"^(?P<prefix>[a-z]+)-[{_ALPHABET}]{{{_TIME_CHARS + _RANDOM_CHARS}}}$")

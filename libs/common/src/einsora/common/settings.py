@@ -52,6 +52,12 @@ class Settings(BaseSettings):
         "owners: only its workloads run on a machine whose drivers are all weak isolation "
         "(`process`). Unset: no tenant's do. Solo sets it to the owner's tenant.",
     )
+    community_pool: bool = Field(
+        default=False,
+        description="This instance runs a community pool: machines shared with `community` take "
+        "any tenant's workloads (with strong isolation). Unset: community sharing counts as "
+        "invite-only",
+    )
     api_port: int = Field(default=8080, ge=0, le=65535)
     proxy_port: int = Field(default=8081, ge=0, le=65535)
     gateway_port: int = Field(default=8082, ge=0, le=65535)

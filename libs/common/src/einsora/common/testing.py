@@ -22,7 +22,7 @@ from nats.js.errors import NotFoundError
 
 from einsora.common.bus import bind_bucket, connect, names, provision
 from einsora.common.embedded_nats import EmbeddedNats
-from einsora.common.schemas import Enrolment, utcnow
+from einsora.common.schemas import Enrolment, SharingLevel, utcnow
 
 
 @dataclass
@@ -132,6 +132,8 @@ async def enrol(
     owner_tenant_id: str = "t-owner",
     tunnel: bool = False,
     revoked: bool = False,
+    sharing: SharingLevel = SharingLevel.private,
+    guests: tuple[str, ...] = (),
 ) -> Enrolment:
     """Enrol a machine the way the api does (its record in the `enrolments` bucket), for tests
     that play the api: the scheduler counts only enrolled machines."""
@@ -139,6 +141,8 @@ async def enrol(
         machine_id=machine_id,
         owner_tenant_id=owner_tenant_id,
         region=region,
+        sharing=sharing,
+        guests=list(guests),
         tunnel=tunnel,
         revoked_at=utcnow() if revoked else None,
     )

@@ -1,6 +1,6 @@
 """The api's tables (SQLAlchemy Core): tenants, users, members, invitations, API tokens,
 workloads, timeline, outbox, idempotency keys, access tickets, tenant limits, gateway keys,
-tenant quotas, join tokens and enrolled machines.
+tenant quotas, join tokens, enrolled machines and machine invitations.
 
 The api owns these tables and no other service reads them (DESIGN.md). Every time is stored in
 UTC and read back timezone-aware; the migrations in `migrations/versions` create exactly this
@@ -242,6 +242,8 @@ tenant_quotas = sa.Table(
     sa.Column("updated_at", UtcDateTime(), nullable=False),
 )
 
+MACHINE_INVITATION_LIVE = sa.text("revoked_at IS NULL")
+
 MACHINE_ID = sa.String(128)
 """A machine id: `m-…` when the api made it at enrolment; Solo's own machine keeps its id."""
 
@@ -285,3 +287,31 @@ machines = sa.Table(
     sa.Column("revoked_at", UtcDateTime(), nullable=True),
     sa.Index(None, "owner_tenant_id", "id"),
 )
+
+machine_invitations = sa.Table(
+    "machine_invitations",
+    metadata,
+    sa.Column("id", ID, primary_key=True),
+    sa.Column("machine_id", MACHINE_ID, sa.ForeignKey("machines.id"), nullable=False),
+    # The guest: the tenant invited to use the machine; its admins accept.
+    sa.Column("tenant_id", ID, sa.ForeignKey("tenants.id"), nullable=False),
+    sa.Column("invited_by", ID, sa.ForeignKey("users.id"), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+    sa.Column("accepted_at", UtcDateTime(), nullable=True),
+    sa.Column("accepted_by", ID, sa.ForeignKey("users.id"), nullable=True),
+    sa.Column("revoked_at", UtcDateTime(), nullable=True),
+    sa.Index(None, "machine_id", "id"),
+    sa.Index(None, "tenant_id", "id"),
+    # One live invitation per machine and guest, kept by the database, so two owners' admins
+    # inviting at once cannot make two (the second answers with the first).
+    sa.Index(
+        "uq_machine_invitations_live",
+        "machine_id",
+        "tenant_id",
+        unique=True,
+        sqlite_where=MACHINE_INVITATION_LIVE,
+        postgresql_where=MACHINE_INVITATION_LIVE,
+    ),
+)
+"""Invitations of a tenant to use a machine (issue 15): accepted and not revoked, the tenant is
+one of the machine's `guests` (which count while its sharing is not private)."""

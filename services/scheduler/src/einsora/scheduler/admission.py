@@ -62,6 +62,12 @@ def admit_pool(book: Book, pool: str) -> None:
             continue
         if book.ever_fits_for(workload, demand):
             break  # strict order: nothing after it in this pool goes first
+        # No machine it may use would ever hold it: when that reason changed (a machine was
+        # shared with its tenant, narrowed, or joined), its timeline says so.
+        why = _queued_reason(book, workload, demand)
+        if workload.state is WorkloadState.queued and workload.reason != why:
+            workload.reason = why
+            book.note(workload, why)
     if not queue:
         book.queue.pop(pool, None)
 
@@ -156,7 +162,7 @@ def _queued_reason(book: Book, workload: Workload, demand: Demand) -> str:
     if runtime_is_why and book.ever_fits(demand.without_runtime()):
         return reasons.runtime_missing(book.region, demand)
     if book.ever_fits(demand) and not book.ever_fits_for(workload, demand):
-        return trust.refusal(book.distrusted_fits(workload, demand), book.owner_tenant)
+        return trust.refusal(book.distrusted_fits(workload, demand))
     if not book.ever_fits(demand):
         if demand.gpu:
             largest = max(

@@ -108,6 +108,7 @@ class Book:
         tokens: WorkloadTokens | None = None,
         *,
         owner_tenant: str | None = None,
+        community_pool: bool = False,
     ) -> None:
         self.region = region
         self.catalog = catalog
@@ -121,6 +122,7 @@ class Book:
         accounting meters from the moment of the change, never from an agent's clock."""
         self.tokens = tokens or WorkloadTokens.ephemeral()
         self.owner_tenant = owner_tenant
+        self.community_pool = community_pool
         """The tenant that owns the region's machines until enrolment says otherwise (trust.py)."""
         self.machines: dict[str, Machine] = {}
         self.workloads: dict[str, Workload] = {}
@@ -130,7 +132,7 @@ class Book:
         """The endpoint each running workload's route was last written with."""
         self.changes = Changes()
         self._ever_fits: dict[Demand, bool] = {}
-        self._ever_fits_trusted: dict[tuple[Demand, bool], bool] = {}
+        self._ever_fits_trusted: dict[tuple[Demand, str], bool] = {}
 
     def begin(self) -> Changes:
         """Start a cycle: later primitives record into a fresh `Changes`."""
@@ -211,7 +213,7 @@ class Book:
 
     def may_run(self, machine: Machine, workload: Workload) -> bool:
         """The trust filter: may `machine` take this workload's tenant (trust.py)."""
-        return trust.may_run(machine, workload.tenant_id, self.owner_tenant)
+        return trust.may_run(machine, workload.tenant_id, self.owner_tenant, self.community_pool)
 
     def recent_use(self, tenant_id: str) -> float:
         """The tenant's decayed recent GPU-hours (fair share's U; 0 with none reported)."""
@@ -249,19 +251,19 @@ class Book:
 
     def ever_fits_for(self, workload: Workload, demand: Demand) -> bool:
         """Whether some machine this workload may use would hold it, emptied."""
-        key = (demand, workload.tenant_id == self.owner_tenant)
+        key = (demand, workload.tenant_id)
         if key not in self._ever_fits_trusted:
             allowed = [m for m in self.machines.values() if self.may_run(m, workload)]
             self._ever_fits_trusted[key] = could_ever_fit(allowed, demand)
         return self._ever_fits_trusted[key]
 
     def distrusted_fits(self, workload: Workload, demand: Demand) -> list[str]:
-        """Machines that would hold the workload, emptied, but may not take its tenant."""
-        return sorted(
-            m.machine_id
-            for m in self.machines.values()
+        """Why each machine that would hold the workload, emptied, may not take its tenant."""
+        return [
+            trust.why_not(m, workload.tenant_id, self.owner_tenant, self.community_pool)
+            for m in sorted(self.machines.values(), key=lambda m: m.machine_id)
             if not self.may_run(m, workload) and could_ever_fit([m], demand)
-        )
+        ]
 
     # --- workloads --------------------------------------------------------------------------
 

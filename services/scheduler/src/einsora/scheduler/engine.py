@@ -129,6 +129,7 @@ class Engine:
         max_inputs_per_cycle: int = 4096,
         tokens: WorkloadTokens | None = None,
         owner_tenant: str | None = None,
+        community_pool: bool = False,
     ) -> None:
         self.region = region
         self.catalog = catalog
@@ -137,7 +138,10 @@ class Engine:
         self.timing = timing
         self.tokens = tokens or WorkloadTokens.ephemeral()
         self.owner_tenant = owner_tenant
-        self.book = Book(region, catalog, self.tokens, owner_tenant=owner_tenant)
+        self.community_pool = community_pool
+        self.book = Book(
+            region, catalog, self.tokens, owner_tenant=owner_tenant, community_pool=community_pool
+        )
         self._queue: asyncio.Queue[_Input] = asyncio.Queue()
         self._max_inputs = max_inputs_per_cycle
         self.reader = MachineReader(projector)
@@ -156,7 +160,13 @@ class Engine:
         snapshot = await self.store.load(self.region)
         old = self.book
         self.book = _book_from(
-            snapshot, self.region, self.catalog, time.monotonic(), self.tokens, self.owner_tenant
+            snapshot,
+            self.region,
+            self.catalog,
+            time.monotonic(),
+            self.tokens,
+            self.owner_tenant,
+            self.community_pool,
         )
         # Quotas and usage come from the bus, not the store: the mirror does not send them again.
         self.book.quotas, self.book.usage = old.quotas, old.usage
@@ -405,8 +415,9 @@ def _book_from(
     now: float,
     tokens: WorkloadTokens,
     owner_tenant: str | None,
+    community_pool: bool,
 ) -> Book:
-    book = Book(region, catalog, tokens, owner_tenant=owner_tenant)
+    book = Book(region, catalog, tokens, owner_tenant=owner_tenant, community_pool=community_pool)
     for workload in snapshot.workloads:
         workload.access_token = book.access_token_for(workload.workload_id)
         book.workloads[workload.workload_id] = workload

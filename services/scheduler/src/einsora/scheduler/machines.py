@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from einsora.common.schemas import Enrolment, Inventory, ObservedState, utcnow
 from einsora.scheduler.book import Book
+from einsora.scheduler.model import Machine
 from einsora.scheduler.observe import apply_inventory, apply_observed, heartbeat, revoke
 from einsora.scheduler.projection import Projector
 from einsora.scheduler.watch import MachineKey
@@ -59,7 +60,7 @@ class MachineReader:
         self.enrolments[machine_id] = enrolment
         machine = book.machines.get(machine_id)
         if machine is not None:
-            machine.tunnel = enrolment.tunnel
+            _take_enrolment(book, machine, enrolment)
         if enrolment.revoked:
             if machine is not None:
                 revoke(book, machine)
@@ -136,7 +137,7 @@ class MachineReader:
                     inventory = inventory.model_copy(update={"region": enrolment.region})
                 machine = apply_inventory(book, inventory, now)
                 if machine is not None:
-                    machine.tunnel = enrolment.tunnel
+                    _take_enrolment(book, machine, enrolment)
             elif not (live and self._only_a_heartbeat(book, key, now)):
                 observed = ObservedState.from_bytes(key.value)
                 if observed.machine_id != key.machine_id:
@@ -209,6 +210,16 @@ class MachineReader:
                 extra={"machine_id": machine.machine_id},
             )
             self.projector.dirty.add(machine.machine_id)
+
+
+def _take_enrolment(book: Book, machine: Machine, enrolment: Enrolment) -> None:
+    """What placement reads of a machine's enrolment: how it is reached, whose it is, who else
+    may use it. A change of who may use it is re-filed like a change of capacity."""
+    machine.tunnel = enrolment.tunnel
+    sharing = (enrolment.owner_tenant_id, enrolment.sharing, frozenset(enrolment.guests))
+    if (machine.owner_tenant, machine.sharing, machine.guests) != sharing:
+        machine.owner_tenant, machine.sharing, machine.guests = sharing
+        book.machine_changed(machine)
 
 
 def _generation(value: bytes) -> int | None:

@@ -20,6 +20,7 @@ from typing import Any
 from einsora.common.schemas import (
     Inventory,
     Resources,
+    SharingLevel,
     Target,
     WorkloadKind,
     WorkloadState,
@@ -86,6 +87,11 @@ class Machine:
     """Its enrolment was revoked: it takes no work and its reports are ignored, for good."""
     tunnel: bool = False
     """Its workloads are reached through the tunnel its agent dialed (from its enrolment)."""
+    owner_tenant: str | None = None
+    """Its owner's tenant (from its enrolment); None: the cell's (`machine_owner_tenant`)."""
+    sharing: SharingLevel = SharingLevel.private
+    guests: frozenset[str] = frozenset()
+    """Tenants invited to use it (counted while it is not private)."""
 
     @property
     def placeable(self) -> bool:

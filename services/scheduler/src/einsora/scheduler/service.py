@@ -132,6 +132,7 @@ class SchedulerService:
             self.timing,
             tokens=WorkloadTokens.from_file(self.settings.data_dir / TOKENS_KEY_FILE),
             owner_tenant=self.settings.machine_owner_tenant,
+            community_pool=self.settings.community_pool,
         )
         self._engine = engine
         await engine.load()

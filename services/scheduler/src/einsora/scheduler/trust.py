@@ -1,28 +1,68 @@
-"""The trust filter: which tenants' workloads a machine may take (issue 9, hole 3).
+"""The trust matrix: who may use a machine, and with which isolation (issues 9, 15).
 
-Weak isolation (the `process` driver: a process on the host) is for the machine owner's own
-workloads only. Until machines are enrolled with owners (issue 14) and sharing levels
-(issue 15), every machine belongs to one tenant, the operator's (`Settings.machine_owner_tenant`;
-Solo sets it to the owner's tenant). So a machine whose drivers are all weak takes only that
-tenant's workloads; another tenant's launch stays queued with that reason.
+A workload's trust level on a machine comes from the machine's enrolment and the workload's
+tenant: **owner** (the machine's owner's tenant), **invited** (a tenant whose invitation the
+owner made and it accepted, while the machine is not private) or **community** (any tenant, on
+a machine shared with the community of an instance whose operator runs a community pool).
+Anyone else may not use the machine at all. Weak isolation (the `process` driver: a process on
+the host's kernel) runs the owner's own workloads only; guests, invited or community, need a
+strong one (a VM). A driver's isolation is the control plane's rating (`einsora.common.
+isolation`), never the agent's. A machine enrolled without an owner (none are, since issue 14,
+but a store from before may hold one) belongs to the cell's owner (`machine_owner_tenant`).
 """
 
 from __future__ import annotations
 
-from einsora.common.isolation import has_strong_driver
+from enum import StrEnum
+
+from einsora.common.isolation import DRIVER_ISOLATION, Isolation, has_strong_driver
+from einsora.common.schemas import SharingLevel
 from einsora.scheduler.model import Machine
 
 
-def may_run(machine: Machine, tenant_id: str, owner_tenant: str | None) -> bool:
-    """Whether `machine` may take a workload of `tenant_id`."""
-    return tenant_id == owner_tenant or has_strong_driver(machine.inventory.drivers)
+class Trust(StrEnum):
+    owner = "owner"
+    invited = "invited"
+    community = "community"
 
 
-def refusal(machine_ids: list[str], owner_tenant: str | None) -> str:
+def trust_level(
+    machine: Machine, tenant_id: str, cell_owner: str | None, community_pool: bool
+) -> Trust | None:
+    """The tenant's trust level on `machine`; None: it may not use the machine."""
+    if tenant_id == (machine.owner_tenant or cell_owner):
+        return Trust.owner
+    if machine.sharing is not SharingLevel.private and tenant_id in machine.guests:
+        return Trust.invited
+    if machine.sharing is SharingLevel.community and community_pool:
+        return Trust.community
+    return None
+
+
+def may_run(machine: Machine, tenant_id: str, cell_owner: str | None, community_pool: bool) -> bool:
+    """Whether `machine` may take a workload of `tenant_id` (the matrix above)."""
+    level = trust_level(machine, tenant_id, cell_owner, community_pool)
+    if level is None:
+        return False
+    return level is Trust.owner or has_strong_driver(machine.inventory.drivers)
+
+
+def why_not(machine: Machine, tenant_id: str, cell_owner: str | None, community_pool: bool) -> str:
+    """Why `machine` may not take the tenant's workload, for its placement note."""
+    if trust_level(machine, tenant_id, cell_owner, community_pool) is None:
+        if machine.sharing is SharingLevel.community and not community_pool:
+            return f"{machine.machine_id}: shared with a community pool this instance does not run"
+        return f"{machine.machine_id}: not shared with your tenant"
+    drivers = machine.inventory.drivers
+    weak = ", ".join(sorted(d for d in drivers if DRIVER_ISOLATION.get(d) is not Isolation.strong))
+    return f"{machine.machine_id}: only weak isolation ({weak or 'no driver'}); guests need strong"
+
+
+def refusal(reasons: list[str]) -> str:
     """The timeline's sentence when only trust keeps a workload off the machines that fit it."""
-    where = machine_ids[0] if len(machine_ids) == 1 else f"{len(machine_ids)} machines"
-    whose = "its owner's tenant" if owner_tenant else "no tenant (no machine owner is set)"
+    shown = "; ".join(reasons[:3])
+    more = f"; and {len(reasons) - 3} more" if len(reasons) > 3 else ""
     return (
-        f"{where} could hold it, but offers only weak isolation (a process on the host), which "
-        f"runs {whose} workloads only; it waits for a machine with strong isolation (a VM)"
+        f"machines that could hold it may not take it: {shown}{more}; it waits for one that "
+        "may (a machine of your own, or one shared with you that isolates guests strongly)"
     )

@@ -159,6 +159,9 @@ class Enrolment(Message):
     owner_user_id: str | None = None
     region: str
     sharing: SharingLevel = SharingLevel.private
+    guests: list[str] = Field(default_factory=list)
+    """Tenants invited to use it (accepted, not revoked); they count while `sharing` is not
+    private."""
     tunnel: bool = False
     """Its workloads are reached through the tunnel its agent dials (it accepts no inbound
     connection); False: directly at the address the agent reports (Solo, the same host)."""

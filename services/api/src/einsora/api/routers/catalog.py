@@ -10,7 +10,7 @@ from starlette.responses import Response
 from einsora.api.deps import AUTH_ERRORS, PARAM_ERRORS, Me, errors, operation_id, reply
 from einsora.api.schemas.catalog import ClassPage, MachinePage, RegionPage
 from einsora.api.schemas.common import PageQuery
-from einsora.api.services import catalog
+from einsora.api.services import catalog, machine_sharing
 
 router = APIRouter(tags=["catalog"], generate_unique_id_function=operation_id)
 Page = Annotated[PageQuery, Query()]
@@ -40,8 +40,9 @@ async def list_regions(call: Me, query: Page) -> Response:
 
 @router.get(
     "/v1/machines",
-    summary="The machines, with their inventory, last heartbeat and how many workloads they run "
-    "(yours; the operator's count is every tenant's)",
+    summary="The machines you may use: your tenant's, those it is a guest of, and the community "
+    "pool's where this instance runs one (the operator: all), with their inventory, last "
+    "heartbeat and how many workloads they run (yours; the operator's count is every tenant's)",
     response_model=MachinePage,
     responses=errors(*AUTH_ERRORS, *PARAM_ERRORS),
 )
@@ -49,5 +50,9 @@ async def list_machines(call: Me, query: Page) -> Response:
     # Another tenant's workloads are not told, not even as a count: the operator sees every
     # workload a machine runs, anyone else their own tenant's.
     me = call.me
-    own = None if me.is_operator else await catalog.tenant_counts(call.ctx.store, me)
-    return reply(catalog.list_machines(call.ctx.machines.snapshot(), query, own))
+    store = call.ctx.store
+    own = None if me.is_operator else await catalog.tenant_counts(store, me)
+    pool = call.ctx.settings.community_pool
+    seen = machine_sharing.visible(call.ctx.machines.snapshot(), me, community_pool=pool)
+    names = await machine_sharing.owner_names(store, seen)
+    return reply(catalog.list_machines(seen, query, me, names, own))

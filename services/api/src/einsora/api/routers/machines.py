@@ -1,4 +1,5 @@
-"""`/v1/machines/…`: join tokens, the join exchange, a machine's own view, revocation.
+"""`/v1/machines/…`: join tokens, the join exchange, a machine's own view, revocation
+(sharing is `machine_sharing.py`'s).
 
 The join exchange and `self` authenticate no API token: the first carries a join token in its
 body, the second the machine's own credential (`Authorization: Bearer agk_…`).
@@ -75,7 +76,8 @@ class BusAuth(Protocol):
     async def kick(self, machine_id: str) -> int: ...
 
 
-def _sync(request: Request) -> EnrolmentsSync | None:
+def enrolments_of(request: Request) -> EnrolmentsSync | None:
+    """What puts enrolments to the bus (None: the api runs without a bus)."""
     sync: EnrolmentsSync | None = getattr(request.app.state, "enrolments", None)
     return sync
 
@@ -177,7 +179,7 @@ async def join(
         assert hub_key is not None  # join refuses a tunnelled machine without a hub
         host = urlsplit(api_url).hostname or settings.bind_host
         tunnel = TunnelInfo(host=host, port=settings.tunnel_port, hub_key=hub_key)
-    sync = _sync(request)
+    sync = enrolments_of(request)
     if sync is not None:
         await sync.put(enrolment)  # the scheduler and the hub know the machine first
     ca_pem = None
@@ -244,7 +246,7 @@ async def machine_self(ctx: Ctx, request: Request) -> Response:
 )
 async def revoke_machine(call: Me, request: Request, machine_id: MachineId) -> Response:
     enrolment = await machines.revoke(call.ctx.store, call.me, machine_id, now=call.ctx.clock())
-    sync = _sync(request)
+    sync = enrolments_of(request)
     if sync is not None:
         await sync.put(enrolment)  # the scheduler fails its workloads, the hub cuts its tunnel
     bus_auth: BusAuth | None = getattr(request.app.state, "bus_auth", None)

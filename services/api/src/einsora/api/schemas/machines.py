@@ -1,4 +1,5 @@
-"""Machine enrolment bodies: join tokens (`agt_…`, shown once), the join exchange, revocation.
+"""Machine bodies: join tokens (`agt_…`, shown once), the join exchange, revocation, and
+sharing (the sharing level and machine invitations).
 
 A join token's secret appears only in `JoinTokenCreated`, and a machine's credential (`agk_…`)
 only in `JoinReply`; the store keeps their SHA-256.
@@ -101,13 +102,24 @@ class MachineSelf(BaseModel):
     sharing: SharingLevel
 
 
-class MachineEnrolment(BaseModel):
-    """A machine's enrolment as `/v1/machines` shows it."""
+_OWNERS_ONLY = "null unless your tenant owns the machine (or you are the operator)"
 
-    owner_tenant_id: str
-    owner_user_id: str | None
+
+class MachineEnrolment(BaseModel):
+    """A machine's enrolment as `/v1/machines` shows it. Its owner's tenant and the operator see
+    all of it; a guest or a community user sees the owner's tenant name and the sharing level,
+    never who else is invited."""
+
+    owner_tenant_id: str | None = Field(description=_OWNERS_ONLY)
+    owner_tenant_name: str | None = Field(default=None, description="the owner's tenant, by name")
+    owner_user_id: str | None = Field(description=_OWNERS_ONLY)
     sharing: SharingLevel
-    tunnel: bool
+    guests: list[str] | None = Field(
+        default=None,
+        description="the tenants whose invitation was accepted and not revoked (they may use "
+        f"it while sharing is not private); {_OWNERS_ONLY}",
+    )
+    tunnel: bool | None = Field(description=_OWNERS_ONLY)
     enrolled_at: datetime
     revoked_at: datetime | None
 
@@ -127,4 +139,41 @@ class JoinTokenOut(BaseModel):
 
 
 class JoinTokenPage(Page[JoinTokenOut]):
+    pass
+
+
+class SharingUpdate(RequestBody):
+    """`PATCH /v1/machines/{id}`: who may use the machine besides its owner's tenant."""
+
+    sharing: SharingLevel = Field(
+        description="`private`: the owner's tenant only; `invite-only`: also the tenants whose "
+        "invitation was accepted; `community`: any tenant, where this control plane runs a "
+        "community pool (elsewhere it counts as invite-only)"
+    )
+
+
+class MachineInvitationCreate(RequestBody):
+    """`POST /v1/machines/{id}/invitations`: invite a tenant to use the machine."""
+
+    tenant: str = Field(
+        min_length=1, max_length=64, description="the guest tenant's name or id (`t-…`)"
+    )
+
+
+class MachineInvitationOut(BaseModel):
+    """An invitation of a tenant to use a machine. Accepted (and not revoked), it lets the
+    guest tenant use the machine while the machine's sharing is not `private`; the scheduler
+    applies that rule, so an owner may invite ahead and share later."""
+
+    id: str
+    machine_id: str
+    tenant_id: str = Field(description="the guest tenant")
+    tenant_name: str
+    owner_tenant_name: str = Field(description="the machine owner's tenant, who invited")
+    created_at: datetime
+    accepted_at: datetime | None
+    revoked_at: datetime | None
+
+
+class MachineInvitationPage(Page[MachineInvitationOut]):
     pass

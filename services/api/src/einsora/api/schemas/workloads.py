@@ -52,12 +52,25 @@ def spec_json(spec: dict[str, Any]) -> str:
     return json.dumps(spec, allow_nan=False, separators=(",", ":"), sort_keys=True)
 
 
+class HostOut(BaseModel):
+    """The host of a workload placed on another tenant's machine, who can see its data."""
+
+    machine: str
+    owner_tenant: str = Field(description="the machine owner's tenant, by name")
+    note: str = Field(examples=["runs on m-… owned by alice, who can see its data"])
+
+
 class PlacementOut(BaseModel):
     """Where a workload runs: region, machine and the class it was placed as."""
 
     region: str
     machine: str
     placed_class: str
+    host: HostOut | None = Field(
+        default=None,
+        description="set when the machine belongs to another tenant, whose people can see the "
+        "workload's data; null on your own tenant's machines",
+    )
 
 
 class WorkloadOut(BaseModel):

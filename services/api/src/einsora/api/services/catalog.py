@@ -7,7 +7,7 @@ memory, so they page over a sorted list by name.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 import sqlalchemy as sa
@@ -19,13 +19,12 @@ from einsora.api.pagination import cursor_str, encode_cursor
 from einsora.api.schemas.catalog import (
     ClassOut,
     ClassPage,
-    MachineOut,
     MachinePage,
     RegionOut,
     RegionPage,
 )
 from einsora.api.schemas.common import PageQuery
-from einsora.api.services.machines import shown
+from einsora.api.services.machine_sharing import machine_out
 from einsora.api.store import Store
 from einsora.common.catalog import Catalog
 from einsora.common.schemas.workload import TERMINAL_STATES
@@ -94,18 +93,22 @@ async def tenant_counts(store: Store, principal: Principal) -> dict[str, int]:
 
 
 def list_machines(
-    machines: list[MachineRecord], query: PageQuery, own: dict[str, int] | None = None
+    machines: list[MachineRecord],
+    query: PageQuery,
+    viewer: Principal,
+    owner_names: Mapping[str, str],
+    own: dict[str, int] | None = None,
 ) -> MachinePage:
-    """`own`: the caller's tenant's counts per machine; None (the operator) counts them all."""
+    """`machines`: those the viewer may see (`machine_sharing.visible`); `owner_names`: their
+    owner tenants' names by id; `own`: the caller's tenant's counts per machine; None (the
+    operator) counts them all."""
     page, cursor = _page(machines, lambda r: r.machine_id, query)
     items = [
-        MachineOut(
-            id=r.machine_id,
-            region=r.region,
-            inventory=r.inventory,
-            enrolment=None if r.enrolment is None else shown(r.enrolment),
-            heartbeat_at=r.heartbeat_at,
-            workloads=r.workload_count if own is None else own.get(r.machine_id, 0),
+        machine_out(
+            r,
+            viewer,
+            None if r.enrolment is None else owner_names.get(r.enrolment.owner_tenant_id),
+            r.workload_count if own is None else own.get(r.machine_id, 0),
         )
         for r in page
     ]

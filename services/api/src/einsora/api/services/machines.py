@@ -7,16 +7,22 @@ machine id and its own credential (`agk_…`); both secrets have 256 random bits
 only as their SHA-256. A single-use token used twice, an expired or revoked one, answers the
 same 401 (which of them is not told to whoever holds a stolen token). Revoking a machine keeps
 its row, so its credential is refused for good and everything it reports stays ignored.
+
+A machine's `Enrolment` is read from here whole, its `guests` included (the tenants whose
+machine invitation was accepted and not revoked, `services/machine_sharing.py`): every put to
+the `enrolments` bucket and the repair pass take it from `enrolment_of` or `enrolments`.
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from einsora.api import models as m
 from einsora.api.auth import Principal, secret_hash
@@ -40,6 +46,7 @@ CREDENTIAL_PREFIX = "agk_"
 
 _t = m.join_tokens.c
 _m = m.machines.c
+_i = m.machine_invitations.c
 
 
 def _secret(prefix: str) -> str:
@@ -267,13 +274,14 @@ async def enrol_own(
     return [e for e in (await enrolments(store)).values() if e.machine_id in machine_ids]
 
 
-def _enrolment(row: Any) -> Enrolment:
+def _enrolment(row: Any, guests: list[str] | None = None) -> Enrolment:
     return Enrolment(
         machine_id=row.id,
         owner_tenant_id=row.owner_tenant_id,
         owner_user_id=row.owner_user_id,
         region=row.region,
         sharing=SharingLevel(row.sharing),
+        guests=guests or [],
         tunnel=row.tunnel,
         tunnel_key=row.tunnel_key,
         enrolled_at=row.enrolled_at,
@@ -281,19 +289,52 @@ def _enrolment(row: Any) -> Enrolment:
     )
 
 
+async def guests_of(
+    conn: AsyncConnection, machine_ids: Collection[str] | None = None
+) -> dict[str, list[str]]:
+    """Each machine's guests (tenant ids, sorted): accepted, unrevoked invitations. Only the
+    machines that have any are keys; `machine_ids` None reads every machine's."""
+    stmt = sa.select(_i.machine_id, _i.tenant_id).where(
+        _i.accepted_at.is_not(None), _i.revoked_at.is_(None)
+    )
+    if machine_ids is not None:
+        stmt = stmt.where(_i.machine_id.in_(list(machine_ids)))
+    found: dict[str, list[str]] = {}
+    for machine_id, tenant_id in (await conn.execute(stmt.order_by(_i.tenant_id))).all():
+        found.setdefault(machine_id, []).append(tenant_id)
+    return found
+
+
+async def enrolment_of(conn: AsyncConnection, machine_id: str) -> Enrolment | None:
+    """One machine's enrolment as the store has it now, guests included (None: unknown)."""
+    row = (await conn.execute(sa.select(m.machines).where(_m.id == machine_id))).first()
+    if row is None:
+        return None
+    return _enrolment(row, (await guests_of(conn, [machine_id])).get(machine_id))
+
+
 async def enrolments(store: Store) -> dict[str, Enrolment]:
-    """Every machine ever enrolled (revoked ones too), by id."""
+    """Every machine ever enrolled (revoked ones too), by id, guests included."""
     async with store.read() as conn:
         rows = (await conn.execute(sa.select(m.machines))).all()
-    return {r.id: _enrolment(r) for r in rows}
+        guests = await guests_of(conn)
+    return {r.id: _enrolment(r, guests.get(r.id)) for r in rows}
 
 
-def shown(enrolment: Enrolment) -> MachineEnrolment:
+def shown(
+    enrolment: Enrolment, viewer: Principal | None = None, owner_tenant_name: str | None = None
+) -> MachineEnrolment:
+    """The enrolment as `viewer` may see it: whole for the owner's tenant and the operator
+    (and where no viewer is given); anyone else (a guest, a community user) is told the owner's
+    tenant name and the sharing level, never the owner's ids, the guests or the tunnel."""
+    whole = viewer is None or viewer.is_operator or viewer.tenant_id == enrolment.owner_tenant_id
     return MachineEnrolment(
-        owner_tenant_id=enrolment.owner_tenant_id,
-        owner_user_id=enrolment.owner_user_id,
+        owner_tenant_id=enrolment.owner_tenant_id if whole else None,
+        owner_tenant_name=owner_tenant_name,
+        owner_user_id=enrolment.owner_user_id if whole else None,
         sharing=enrolment.sharing,
-        tunnel=enrolment.tunnel,
+        guests=list(enrolment.guests) if whole else None,
+        tunnel=enrolment.tunnel if whole else None,
         enrolled_at=enrolment.enrolled_at,
         revoked_at=enrolment.revoked_at,
     )
@@ -303,7 +344,8 @@ _CREDENTIAL_RE_LEN = (len(CREDENTIAL_PREFIX) + 20, len(CREDENTIAL_PREFIX) + 100)
 
 
 async def by_credential(store: Store, credential: str) -> Enrolment | None:
-    """The machine whose credential this is (revoked or not), or None."""
+    """The machine whose credential this is (revoked or not), or None. Its `guests` are not
+    read (who the machine is needs none): never put this record to the bus."""
     low, high = _CREDENTIAL_RE_LEN
     if not credential.startswith(CREDENTIAL_PREFIX) or not low <= len(credential) <= high:
         return None
@@ -330,5 +372,6 @@ async def revoke(
             await conn.execute(
                 sa.update(m.machines).where(_m.id == machine_id).values(revoked_at=now or utcnow())
             )
-        row = (await conn.execute(sa.select(m.machines).where(_m.id == machine_id))).one()
-    return _enrolment(row)
+        enrolment = await enrolment_of(conn, machine_id)
+    assert enrolment is not None  # the row was read in this unit of work
+    return enrolment

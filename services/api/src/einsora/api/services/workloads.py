@@ -7,6 +7,10 @@ within its tenant's cap on workloads (`services/limits.py`). Which action is all
 state is `einsora.common.lifecycle`'s table; the api records only the state the user's action
 implies (pending, parking, pending again on resume, removing), and everything after comes from
 the scheduler's events (`services/timeline.py`).
+
+A workload placed on another tenant's machine is shown with its host (`placement.host`): the
+machine's owner can see its data. The owner's tenant comes with the workload's own row (one
+outer join with the machines and tenants tables), never from a query per workload.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from einsora.api.machines import MachineRecord
 from einsora.api.outbox import outbox_row
 from einsora.api.pagination import cursor_str, encode_cursor
 from einsora.api.schemas.workloads import (
+    HostOut,
     PlacementOut,
     WorkloadCreate,
     WorkloadListQuery,
@@ -104,9 +109,35 @@ _COLUMNS = (
 )
 
 
+_host = m.tenants.alias("host")
+_SHOWN = (
+    sa.select(
+        *_COLUMNS,
+        m.machines.c.owner_tenant_id.label("host_tenant_id"),
+        _host.c.name.label("host_tenant_name"),
+    )
+    .select_from(m.workloads)
+    .outerjoin(m.machines, m.machines.c.id == m.workloads.c.placed_machine)
+    .outerjoin(_host, _host.c.id == m.machines.c.owner_tenant_id)
+)
+"""Workloads as answered: with their machine's owner tenant, for the host note."""
+
 _INSERT_WORKLOAD = sa.insert(m.workloads)
 _INSERT_TIMELINE = sa.insert(m.timeline)
 _INSERT_OUTBOX = sa.insert(m.outbox)
+
+
+def _host_of(r: Mapping[Any, Any]) -> HostOut | None:
+    """Who hosts the workload when its machine is another tenant's (rows read with _SHOWN)."""
+    owner, name = r.get("host_tenant_id"), r.get("host_tenant_name")
+    if owner is None or owner == r["tenant_id"] or name is None:
+        return None
+    machine = r["placed_machine"]
+    return HostOut(
+        machine=machine,
+        owner_tenant=name,
+        note=f"runs on {machine} owned by {name}, who can see its data",
+    )
 
 
 def _out(r: Mapping[Any, Any]) -> WorkloadOut:
@@ -116,6 +147,7 @@ def _out(r: Mapping[Any, Any]) -> WorkloadOut:
             region=r["placed_region"] or r["region"],
             machine=r["placed_machine"],
             placed_class=r["placed_class"] or r["class_name"],
+            host=_host_of(r),
         )
     return WorkloadOut.model_validate(
         {
@@ -175,7 +207,7 @@ def _replay(conn: sa.Connection, principal: Principal, key: str, print_: str) ->
             "this Idempotency-Key was used for a different request; use a new key",
             code="idempotency_key_reused",
         )
-    row = conn.execute(sa.select(*_COLUMNS).where(m.workloads.c.id == prior.workload_id)).one()
+    row = conn.execute(_SHOWN.where(m.workloads.c.id == prior.workload_id)).one()
     return _out(row._mapping)
 
 
@@ -391,7 +423,7 @@ async def act(
 async def get(store: Store, principal: Principal, workload_id: str) -> WorkloadOut:
     if not is_id(workload_id, "workload"):
         raise NotFound(f"no workload {workload_id!r}")
-    stmt = sa.select(*_COLUMNS).where(
+    stmt = _SHOWN.where(
         m.workloads.c.id == workload_id, m.workloads.c.tenant_id == principal.tenant_id
     )
     row = await store.query(lambda conn: conn.execute(stmt).first())
@@ -404,7 +436,7 @@ async def list_workloads(
     store: Store, principal: Principal, query: WorkloadListQuery
 ) -> WorkloadPage:
     """The tenant's workloads, newest first, optionally of one state and kind."""
-    stmt = sa.select(*_COLUMNS).where(m.workloads.c.tenant_id == principal.tenant_id)
+    stmt = _SHOWN.where(m.workloads.c.tenant_id == principal.tenant_id)
     if query.state is not None:
         stmt = stmt.where(m.workloads.c.state == query.state.value)
     if query.kind is not None:

@@ -1,0 +1,175 @@
+"""`PATCH /v1/machines/{id}`, `/v1/machines/{id}/invitations` and `/v1/machine-invitations`:
+a machine's sharing level, and the invitations its owner makes and guests accept.
+
+Every change is committed, then its machine's `Enrolment` (guests included) is put to the
+`enrolments` bucket before the answer, so the scheduler knows it first.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from starlette.responses import Response
+
+from einsora.api.deps import (
+    AUTH_ERRORS,
+    BODY_ERRORS,
+    PARAM_ERRORS,
+    JsonBody,
+    Me,
+    errors,
+    no_content,
+    operation_id,
+    reply,
+)
+from einsora.api.routers.machines import MachineId, enrolments_of
+from einsora.api.schemas.catalog import MachineOut
+from einsora.api.schemas.common import PageQuery
+from einsora.api.schemas.machines import (
+    MachineInvitationCreate,
+    MachineInvitationOut,
+    MachineInvitationPage,
+    SharingUpdate,
+)
+from einsora.api.services import machine_sharing
+from einsora.common.schemas import Enrolment
+
+log = logging.getLogger("einsora.api.machines")
+router = APIRouter(tags=["machines"], generate_unique_id_function=operation_id)
+InvitationId = Annotated[str, Path(alias="id")]
+Page = Annotated[PageQuery, Query()]
+RULE = (
+    " An accepted invitation counts only while the machine's sharing is not `private` (the "
+    "scheduler applies that rule)."
+)
+
+
+async def _put(request: Request, enrolment: Enrolment) -> None:
+    sync = enrolments_of(request)
+    if sync is not None:
+        await sync.put(enrolment)  # the scheduler knows before the caller does
+
+
+@router.patch(
+    "/v1/machines/{id:machine_id}",
+    summary="Set a machine's sharing level: `private`, `invite-only` or `community` (an admin "
+    "of its owner tenant, or the operator)",
+    response_model=MachineOut,
+    responses=errors(*AUTH_ERRORS, *BODY_ERRORS, 403, 404, 409),
+)
+async def share_machine(
+    call: Me,
+    request: Request,
+    machine_id: MachineId,
+    body: Annotated[SharingUpdate, Depends(JsonBody(SharingUpdate))],
+) -> Response:
+    store = call.ctx.store
+    pool = call.ctx.settings.community_pool
+    enrolment = await machine_sharing.set_sharing(
+        store, call.me, machine_id, body, community_pool=pool
+    )
+    await _put(request, enrolment)
+    log.info("machine sharing set", extra={"machine_id": machine_id, "sharing": body.sharing})
+    record = next((r for r in call.ctx.machines.snapshot() if r.machine_id == machine_id), None)
+    return reply(await machine_sharing.shown_machine(store, call.me, enrolment, record))
+
+
+@router.post(
+    "/v1/machines/{id:machine_id}/invitations",
+    summary="Invite a tenant to use a machine (its admins accept); the tenant's live invitation "
+    "is answered (200) rather than a second made." + RULE,
+    response_model=MachineInvitationOut,
+    status_code=201,
+    responses={
+        200: {"model": MachineInvitationOut, "description": "The tenant was invited already"},
+        **errors(*AUTH_ERRORS, *BODY_ERRORS, 403, 404, 409),
+    },
+)
+async def invite_to_machine(
+    call: Me,
+    machine_id: MachineId,
+    body: Annotated[MachineInvitationCreate, Depends(JsonBody(MachineInvitationCreate))],
+) -> Response:
+    ctx = call.ctx
+    made, new = await machine_sharing.invite(
+        ctx.store,
+        call.me,
+        machine_id,
+        body,
+        community_pool=ctx.settings.community_pool,
+        now=ctx.clock(),
+    )
+    return reply(made, 201 if new else 200)
+
+
+@router.get(
+    "/v1/machines/{id:machine_id}/invitations",
+    summary="List a machine's invitations, revoked ones too (whoever shares it)." + RULE,
+    response_model=MachineInvitationPage,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS, 403, 404),
+)
+async def list_machine_invitations(call: Me, machine_id: MachineId, query: Page) -> Response:
+    ctx = call.ctx
+    page = await machine_sharing.list_for_machine(
+        ctx.store, call.me, machine_id, query, community_pool=ctx.settings.community_pool
+    )
+    return reply(page)
+
+
+@router.delete(
+    "/v1/machines/{id:machine_id}/invitations/{invitation}",
+    summary="Revoke a machine invitation: the tenant is no longer its guest",
+    status_code=204,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS, 403, 404),
+)
+async def revoke_machine_invitation(
+    call: Me, request: Request, machine_id: MachineId, invitation: Annotated[str, Path()]
+) -> Response:
+    ctx = call.ctx
+    enrolment = await machine_sharing.revoke(
+        ctx.store,
+        call.me,
+        machine_id,
+        invitation,
+        community_pool=ctx.settings.community_pool,
+        now=ctx.clock(),
+    )
+    await _put(request, enrolment)
+    log.info(
+        "machine invitation revoked", extra={"machine_id": machine_id, "invitation": invitation}
+    )
+    return no_content()
+
+
+@router.get(
+    "/v1/machine-invitations",
+    summary="List the invitations of your tenant to other tenants' machines, open and "
+    "accepted." + RULE,
+    response_model=MachineInvitationPage,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS),
+)
+async def list_my_machine_invitations(call: Me, query: Page) -> Response:
+    return reply(await machine_sharing.list_mine(call.ctx.store, call.me, query))
+
+
+@router.post(
+    "/v1/machine-invitations/{id}/accept",
+    summary="Accept an invitation to use a machine (an admin of the invited tenant): your "
+    "tenant becomes its guest." + RULE,
+    response_model=MachineInvitationOut,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS, 403, 404, 409),
+)
+async def accept_machine_invitation(
+    call: Me, request: Request, invitation_id: InvitationId
+) -> Response:
+    accepted, enrolment = await machine_sharing.accept(
+        call.ctx.store, call.me, invitation_id, now=call.ctx.clock()
+    )
+    await _put(request, enrolment)
+    log.info(
+        "machine invitation accepted",
+        extra={"machine_id": enrolment.machine_id, "invitation": invitation_id},
+    )
+    return reply(accepted)
