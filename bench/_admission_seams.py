@@ -33,10 +33,17 @@ API_LIMITS_OFF = {
 token, which is what the limits are there to refuse."""
 
 
+TENANT = "t-bench"
+"""The tenant of the intents IntentLauncher publishes."""
+
+
 class Launcher(Protocol):
     """Launches workloads; `launched` records when each launch was accepted."""
 
     launched: dict[str, float]
+
+    async def tenant(self) -> str:
+        """The tenant its workloads belong to (the machines are enrolled as that tenant's)."""
 
     async def launch(self, workload_id: str, class_name: str) -> None: ...
 
@@ -64,13 +71,16 @@ class IntentLauncher:
         self.launched: dict[str, float] = {}
         self._pending: list[asyncio.Future[PubAck]] = []
 
+    async def tenant(self) -> str:
+        return TENANT
+
     async def launch(self, workload_id: str, class_name: str) -> None:
         intent = WorkloadIntent.model_validate(
             {
                 "intent_id": new_id("intent"),
                 "action": "create",
                 "workload_id": workload_id,
-                "tenant_id": "t-bench",
+                "tenant_id": TENANT,
                 "region": self._region,
                 "kind": WorkloadKind.notebook,
                 "class": class_name,
@@ -104,6 +114,14 @@ class ApiLauncher:
         self._http: aiohttp.ClientSession | None = None
         self._pending: set[asyncio.Task[None]] = set()
         self.launched: dict[str, float] = {}
+
+    async def tenant(self) -> str:
+        async with (
+            aiohttp.ClientSession(headers=self._headers) as http,
+            http.get(f"{self._base}/v1/me") as resp,
+        ):
+            me = await resp.json()
+        return str(me["tenant"]["id"])
 
     async def launch(self, workload_id: str, class_name: str) -> None:
         if self._http is None:

@@ -168,11 +168,12 @@ async def run(
             if direct
             else await _api_launcher(tmp, server.url, processes, database_url)
         )
-        # The bench plays the api's enrolment of the machines (the agent's ids are its own).
+        # The bench plays the api's enrolment of the machines (the agent's ids are its own),
+        # as the launching tenant's own (private) machines.
         await enrol(
             js,
             agent_machine_ids("m-sim", machines) if agent else sim_machine_ids(machines),
-            "t-bench",
+            await launcher.tenant(),
         )
         silence = [] if agent else ["--suspect-after", "3600", "--lost-after", "7200"]
         database = database_url or f"sqlite+aiosqlite:///{tmp}/scheduler.db"
