@@ -52,6 +52,8 @@ ATTEMPTS: list[tuple[str, str, str, object]] = [
     ("POST", "/v1/machines/{id}/invitations", "machine_id", {"tenant": "intruder"}),
     ("GET", "/v1/machines/{id}/invitations", "machine_id", None),
     ("DELETE", "/v1/machines/{id}/invitations/{invitation}", "machine_id", None),
+    ("POST", "/v1/machines/{id}/reclaim", "machine_id", None),
+    ("POST", "/v1/machines/{id}/release", "machine_id", None),
     ("POST", "/v1/machine-invitations/{id}/accept", "machine_invitation_id", None),
 ]
 

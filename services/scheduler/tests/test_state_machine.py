@@ -33,6 +33,7 @@ from einsora.scheduler.book import Book
 from einsora.scheduler.intents import apply_intent
 from einsora.scheduler.model import Machine, Workload
 from einsora.scheduler.observe import apply_observed
+from einsora.scheduler.reclaim import check_reclaim
 
 CATALOG = Catalog.load()
 MACHINE = "m-1"
@@ -81,6 +82,20 @@ def _report(book: Book, workload_id: str, phase: ObservedPhase | None) -> None:
     )
 
 
+class _Preempt:
+    """The step that preempts the workload (no intent, no report: the scheduler's own tick)."""
+
+
+def _preempt(book: Book) -> None:
+    """The machine is no longer its tenant's to use (another owns it now, with no grace): its
+    workload is preempted as a guest's would be (ADR-0017)."""
+    machine = book.machines[MACHINE]
+    machine.owner_tenant, machine.reclaim_grace_s, machine.guest_min_runtime_s = "t-2", 0, 0
+    machine.enrolled = True
+    book.machine_changed(machine)
+    check_reclaim(book)
+
+
 def _in_state(state: WorkloadState) -> tuple[Book, Workload]:
     """A book with one workload brought to `state` by intents and the agent's reports."""
     book = _book()
@@ -107,7 +122,7 @@ def _in_state(state: WorkloadState) -> tuple[Book, Workload]:
         return book, workload
     apply_intent(book, _intent(IntentAction.create, workload_id), None)
     workload = book.workloads[workload_id]
-    steps: dict[WorkloadState, list[IntentAction | ObservedPhase | None]] = {
+    steps: dict[WorkloadState, list[IntentAction | ObservedPhase | _Preempt | None]] = {
         WorkloadState.queued: [],
         WorkloadState.scheduled: [],
         WorkloadState.starting: [ObservedPhase.starting],
@@ -117,10 +132,13 @@ def _in_state(state: WorkloadState) -> tuple[Book, Workload]:
         WorkloadState.failed: [ObservedPhase.running, ObservedPhase.failed],
         WorkloadState.removing: [ObservedPhase.running, IntentAction.remove],
         WorkloadState.removed: [ObservedPhase.running, IntentAction.remove, None],
+        WorkloadState.preempted: [ObservedPhase.running, _Preempt()],
     }
     for step in steps[state]:
         if isinstance(step, IntentAction):
             apply_intent(book, _intent(step, workload_id), None)
+        elif isinstance(step, _Preempt):
+            _preempt(book)
         else:
             _report(book, workload_id, step)
     assert workload.state is state

@@ -1,5 +1,6 @@
-"""`einsora machines [list|join-token|revoke|share|invite|invitations|accept|uninvite]`: the
-machines, enrolling and revoking them, and sharing them with other tenants."""
+"""`einsora machines [list|join-token|revoke|share|invite|invitations|accept|uninvite|reclaim|
+release]`: the machines, enrolling and revoking them, sharing them with other tenants, and
+taking them back."""
 
 from __future__ import annotations
 
@@ -53,10 +54,28 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     share.add_argument(
         "--sharing",
         choices=_SHARING,
-        required=True,
         help="private: your tenant only; invite-only: also the tenants that accepted your "
         "invitation; community: any tenant",
     )
+    share.add_argument(
+        "--reclaim-grace",
+        type=float,
+        metavar="SECONDS",
+        help="how long guests keep running after you reclaim it (default 120)",
+    )
+    share.add_argument(
+        "--guest-min-runtime",
+        type=float,
+        metavar="SECONDS",
+        help="the least a guest's workload runs before a reclaim stops it (default 600)",
+    )
+    for action, said in (
+        ("reclaim", "take a machine back: guests' workloads are preempted after its grace"),
+        ("release", "end a reclaim: guests may be placed on the machine again"),
+    ):
+        sub.add_parser(action, help=said, parents=nested).add_argument(
+            "id", help="the machine's id (m-…)"
+        )
     invite = sub.add_parser(
         "invite", help="invite a tenant to use a machine (its admin accepts)", parents=nested
     )
@@ -170,12 +189,47 @@ _COUNTS_WHEN_SHARED = (
 
 
 def _share(client: ApiClient, args: argparse.Namespace) -> int:
-    machine = client.request("PATCH", _path(args.id), {"sharing": args.sharing})
+    given = {
+        "sharing": args.sharing,
+        "reclaim_grace_s": args.reclaim_grace,
+        "guest_min_runtime_s": args.guest_min_runtime,
+    }
+    body = {k: v for k, v in given.items() if v is not None}
+    machine = client.request("PATCH", _path(args.id), body)
     if args.json:
         render.as_json(machine)
         return 0
-    sharing = (machine.get("enrolment") or {}).get("sharing", args.sharing)
-    print(f"machine {render.escape(machine['id'])} is now {render.escape(sharing)}")
+    enrolment = machine.get("enrolment") or {}
+    sharing = enrolment.get("sharing", args.sharing)
+    print(
+        f"machine {render.escape(machine['id'])} is now {render.escape(str(sharing))}; guests "
+        f"keep {enrolment.get('reclaim_grace_s')} s after a reclaim and run at least "
+        f"{enrolment.get('guest_min_runtime_s')} s"
+    )
+    return 0
+
+
+def _reclaim(client: ApiClient, args: argparse.Namespace) -> int:
+    machine = client.post(_path(args.id, "reclaim"))
+    if args.json:
+        render.as_json(machine)
+        return 0
+    enrolment = machine.get("enrolment") or {}
+    print(
+        f"machine {render.escape(machine['id'])} reclaimed: guests' workloads are preempted "
+        f"{enrolment.get('reclaim_grace_s')} s after {enrolment.get('reclaimed_at')} (once they "
+        f"have run {enrolment.get('guest_min_runtime_s')} s); no guest is placed there until "
+        f"einsora machines release {render.escape(machine['id'])}"
+    )
+    return 0
+
+
+def _release(client: ApiClient, args: argparse.Namespace) -> int:
+    machine = client.post(_path(args.id, "release"))
+    if args.json:
+        render.as_json(machine)
+    else:
+        print(f"machine {render.escape(machine['id'])} released: guests may use it again")
     return 0
 
 
@@ -257,6 +311,8 @@ _ACTIONS = {
     "invitations": _invitations,
     "accept": _accept,
     "uninvite": _uninvite,
+    "reclaim": _reclaim,
+    "release": _release,
 }
 
 

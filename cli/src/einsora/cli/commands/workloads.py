@@ -20,6 +20,7 @@ SETTLED = {
     WorkloadState.failed,
     WorkloadState.removed,
     WorkloadState.parked,
+    WorkloadState.preempted,
 }
 """States `launch --wait` stops following at: where nothing more happens by itself."""
 POLL_S = 0.5
@@ -219,7 +220,7 @@ COMMANDS = [
     ("show", "show one workload", _id_arg, _show),
     ("events", "show a workload's timeline", _events_args, _events),
     ("park", "park a workload (release its GPUs, keep its disk)", _id_arg, _action("park")),
-    ("resume", "resume a parked workload", _id_arg, _action("resume")),
+    ("resume", "resume a parked, failed or preempted workload", _id_arg, _action("resume")),
     ("rm", "remove a workload", _id_arg, _rm),
     ("open", "open a running workload's web UI in the browser", _id_arg, _open),
     ("export", "export a workload's inputs, timeline and usage as JSON", _export_args, _export),

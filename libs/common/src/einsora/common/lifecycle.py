@@ -20,15 +20,20 @@ TRANSITIONS: Mapping[WorkloadState, frozenset[WorkloadState]] = {
     _S.pending: frozenset({_S.queued, _S.scheduled, _S.parked, _S.removing, _S.removed, _S.failed}),
     _S.queued: frozenset({_S.scheduled, _S.parked, _S.removing, _S.removed, _S.failed}),
     _S.scheduled: frozenset(
-        {_S.starting, _S.running, _S.parking, _S.removing, _S.removed, _S.failed}
+        {_S.starting, _S.running, _S.parking, _S.removing, _S.removed, _S.failed, _S.preempted}
     ),
-    _S.starting: frozenset({_S.running, _S.parking, _S.removing, _S.removed, _S.failed}),
-    _S.running: frozenset({_S.parking, _S.removing, _S.removed, _S.failed}),
+    _S.starting: frozenset(
+        {_S.running, _S.parking, _S.removing, _S.removed, _S.failed, _S.preempted}
+    ),
+    _S.running: frozenset({_S.parking, _S.removing, _S.removed, _S.failed, _S.preempted}),
     _S.parking: frozenset({_S.parked, _S.removing, _S.removed, _S.failed}),
     _S.parked: frozenset({_S.pending, _S.queued, _S.scheduled, _S.removing, _S.removed, _S.failed}),
     _S.removing: frozenset({_S.removed, _S.failed}),
     _S.removed: frozenset(),
     _S.failed: frozenset({_S.pending, _S.queued, _S.scheduled, _S.removing, _S.removed, _S.failed}),
+    _S.preempted: frozenset(
+        {_S.pending, _S.queued, _S.scheduled, _S.removing, _S.removed, _S.failed}
+    ),
 }
 """The states the scheduler may move a workload to from each state.
 
@@ -36,7 +41,8 @@ A resumed workload is pending only for the moment its placement is tried, so fro
 failed it may go straight on to queued or scheduled. A remove ends in removed at once when
 nothing runs anywhere (or the machine is lost), and in failed when the machine stopped the
 workload but could not clean up. A failed workload fails again when a resume finds its class
-gone from the catalog.
+gone from the catalog. A guest's workload is preempted when its machine's owner takes the
+machine back (ADR-0017); like a failed one, it may be resumed (placed again) or removed.
 """
 
 
@@ -63,11 +69,12 @@ ACTIONS: Mapping[IntentAction, ActionRule] = {
         _S.parking,
     ),
     IntentAction.resume: ActionRule(
-        # From failed too: resuming is how a user retries a workload that failed.
+        # From failed too: resuming is how a user retries a workload that failed; from
+        # preempted: how a guest runs it again elsewhere (ADR-0017).
         IntentAction.resume,
         "resume",
         "resumed",
-        frozenset({_S.parked, _S.failed}),
+        frozenset({_S.parked, _S.failed, _S.preempted}),
         _S.pending,
     ),
     IntentAction.remove: ActionRule(

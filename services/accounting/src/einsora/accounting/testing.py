@@ -178,7 +178,13 @@ async def caught_up(js: JetStreamContext, durable: str, within_s: float = 20.0) 
     while True:
         with contextlib.suppress(NotFoundError):
             info = await js.consumer_info(stream, durable)
-            if info.num_pending == 0 and info.num_ack_pending == 0:
+            # `num_pending` can lag a message just published; the ack floor cannot. Every
+            # message of EVENTS is accounting's, so its floor must reach the stream's last.
+            last = (
+                (await js.stream_info(stream)).state.last_seq if stream == names.EVENTS.name else 0
+            )
+            floor = (info.ack_floor.stream_seq or 0) if info.ack_floor is not None else 0
+            if info.num_pending == 0 and info.num_ack_pending == 0 and floor >= last:
                 return
         if loop.time() > deadline:
             raise AssertionError(f"{durable} did not catch up within {within_s} s")

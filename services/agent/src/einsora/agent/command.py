@@ -1,5 +1,7 @@
 """`einsora agent`: run the agent of this machine (or of many sim machines) until a signal;
-`einsora agent join URL --token agt_…`: enrol this machine with a control plane, once.
+`einsora agent join URL --token agt_…`: enrol this machine with a control plane, once;
+`einsora agent reclaim` / `release`: its owner takes it back from guests, or ends that, on the
+machine itself (the running agent acts on it even while the control plane is unreachable).
 
 Ctrl-C or SIGTERM stops the agent, not its workloads: they keep running and the next agent
 adopts them. An enrolled machine's agent runs with its stored enrolment; when the control plane
@@ -94,7 +96,68 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="create the bus's streams and buckets if missing (needs full rights)",
     )
     parser.set_defaults(func=run)
-    _register_join(parser.add_subparsers(dest="agent_command", metavar="COMMAND"))
+    commands = parser.add_subparsers(dest="agent_command", metavar="COMMAND")
+    _register_join(commands)
+    _register_reclaim(commands)
+
+
+def _register_reclaim(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    reclaim = subparsers.add_parser(
+        "reclaim",
+        help="take this machine back: guests' workloads stop after the grace",
+        description="Reclaim this machine from its guests, even while the control plane is "
+        "unreachable: the running agent parks other tenants' workloads once the grace has "
+        "passed and they have run their minimum runtime, and reports the reclaim when it "
+        "can. Again: it stays reclaimed from the first time. `einsora agent release` ends it.",
+    )
+    reclaim.add_argument(
+        "--grace", type=float, default=120.0, metavar="S", help="seconds guests keep (120)"
+    )
+    reclaim.add_argument(
+        "--guest-min-runtime",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="seconds a guest's workload runs at least before it is stopped (600)",
+    )
+    reclaim.add_argument("--data-dir", type=Path, metavar="DIR", help="the agent's data dir")
+    reclaim.set_defaults(func=run_reclaim)
+    release = subparsers.add_parser(
+        "release",
+        help="end this machine's own reclaim: guests may run here again",
+        description="End the reclaim made with `einsora agent reclaim` (one made through the "
+        "api ends with `einsora machines release`).",
+    )
+    release.add_argument("--data-dir", type=Path, metavar="DIR", help="the agent's data dir")
+    release.set_defaults(func=run_release)
+
+
+def run_reclaim(args: argparse.Namespace) -> int:
+    from einsora.agent import reclaim
+
+    if args.grace < 0 or args.guest_min_runtime < 0:
+        raise ConfigError("the grace and the minimum runtime are seconds, 0 or more")
+    settings = settings_from({"data_dir": args.data_dir})
+    made = reclaim.reclaim(
+        settings.data_dir, grace_s=args.grace, guest_min_runtime_s=args.guest_min_runtime
+    )
+    print(
+        f"this machine is reclaimed since {made.at:%Y-%m-%d %H:%M:%S} UTC: guests' workloads "
+        f"stop {made.grace_s:g} s after that, once they have run {made.guest_min_runtime_s:g} s; "
+        "`einsora agent release` ends it"
+    )
+    return 0
+
+
+def run_release(args: argparse.Namespace) -> int:
+    from einsora.agent import reclaim
+
+    settings = settings_from({"data_dir": args.data_dir})
+    if reclaim.release(settings.data_dir):
+        print("this machine's own reclaim is released: guests may run here again")
+    else:
+        print("this machine was not reclaimed here; nothing changed")
+    return 0
 
 
 def _register_join(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 import nats.errors
@@ -25,8 +26,9 @@ from nats.js.errors import KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
-from einsora.agent.converge import Goal, plan
+from einsora.agent.converge import GOAL_OF_TARGET, Goal, plan
 from einsora.agent.drivers import Driver
+from einsora.agent.reclaim import LocalReclaim, is_guest
 from einsora.agent.records import RecordStore
 from einsora.agent.supervisor import Timing, WorkloadSupervisor
 from einsora.common.bus import names, watch_key
@@ -58,8 +60,15 @@ class MachineAgent:
         records: RecordStore | None,
         timing: Timing,
         on_change: Callable[[MachineAgent], None],
+        owner_tenant_id: str | None = None,
     ) -> None:
         self.machine_id = machine_id
+        self.owner_tenant_id = owner_tenant_id
+        """Its enrolment's owner; None (no enrolment): every workload is the owner's."""
+        self.preempted: set[str] = set()
+        """Guests' workloads this agent parked itself, its owner having reclaimed it here."""
+        self.inventory_unsent = False
+        """Its inventory changed (a local reclaim) and is not yet on the bus."""
         self.js = js
         self.kv = kv
         self.driver = driver
@@ -132,6 +141,7 @@ class MachineAgent:
 
     async def put_inventory(self) -> None:
         await self.kv.put(names.inventory_key(self.machine_id), self.inventory.to_bytes())
+        self.inventory_unsent = False
 
     async def put_observed(self) -> None:
         await self.kv.put(names.observed_key(self.machine_id), self.observed().to_bytes())
@@ -248,7 +258,10 @@ class MachineAgent:
             sup = self._supervisor(a.workload_id)
             if a.goal is Goal.drop and sup.goal is not Goal.drop:
                 sup.dropped_at = desired.generation
-            sup.retarget(a.goal, a.desired)
+            goal = a.goal
+            if goal is Goal.run and a.workload_id in self.preempted:
+                goal = Goal.park  # reclaimed here: the control plane may not know yet
+            sup.retarget(goal, a.desired)
         self.rejected = {
             wid: ObservedWorkload(
                 workload_id=wid,
@@ -259,6 +272,33 @@ class MachineAgent:
         }
         self.applied = desired.generation
         self._on_change(self)
+
+    def apply_reclaim(self, reclaim: LocalReclaim | None, now: datetime) -> None:
+        """The owner's reclaim on this machine (None: released): park the guests whose time
+        has come, and say so in the inventory."""
+        if reclaim is None:
+            for wid in self.preempted:
+                sup = self.supervisors.get(wid)
+                if sup is not None and sup.goal is Goal.park and sup.desired is not None:
+                    sup.retarget(GOAL_OF_TARGET[sup.desired.target], None)
+            self.preempted.clear()
+        else:
+            for wid, sup in self.supervisors.items():
+                if wid in self.preempted or sup.goal is not Goal.run:
+                    continue
+                if not is_guest(sup.desired, self.owner_tenant_id):
+                    continue
+                if reclaim.stops(sup.observed().started_at, now):
+                    log.info(
+                        "guest workload parked: the owner reclaimed the machine here",
+                        extra={"machine": self.machine_id, "workload": wid},
+                    )
+                    self.preempted.add(wid)
+                    sup.retarget(Goal.park, None)
+        reclaimed_at = None if reclaim is None else reclaim.at
+        if self.inventory.reclaimed_at != reclaimed_at:
+            self.inventory = self.inventory.model_copy(update={"reclaimed_at": reclaimed_at})
+            self.inventory_unsent = True
 
     def _supervisor(self, workload_id: str) -> WorkloadSupervisor:
         sup = self.supervisors.get(workload_id)

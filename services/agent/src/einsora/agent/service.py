@@ -7,7 +7,8 @@ the agent only: workloads keep running (live restore), and the next agent adopts
 `stop_workloads()` is the explicit way to stop them all.
 
 Shared by every machine of the process: one NATS connection, one observed-state publisher (with
-the heartbeat), and one maintenance task (reconnects, periodic resync, inventory refresh).
+the heartbeat), one maintenance task (reconnects, periodic resync, inventory refresh), and
+one watch on the owner's own reclaim (`reclaim.py`), which runs whether or not the bus is there.
 
 The agent survives what nats-py does not. nats-py closes a connection for good when the server
 ends it over its credential (an expired session, a revoked or removed user) and never tries
@@ -36,7 +37,7 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js.errors import NoStreamResponseError
 
-from einsora.agent import identity, inventory, join, sim_inventory, workload_python
+from einsora.agent import identity, inventory, join, reclaim, sim_inventory, workload_python
 from einsora.agent.drivers import Driver, ProcessDriver, ProcessOptions, SimDriver, SimOptions
 from einsora.agent.join import Enrolled, MachineRevoked
 from einsora.agent.machine import MachineAgent
@@ -47,7 +48,7 @@ from einsora.common.bus import bind_bucket, connect, identities, names, provisio
 from einsora.common.bus.connect import CredentialRefused
 from einsora.common.bus.identities import Identity
 from einsora.common.errors import BusUnavailable, ConfigError, EinsoraError
-from einsora.common.schemas import Inventory
+from einsora.common.schemas import Inventory, utcnow
 from einsora.common.settings import Settings
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ DriverName = Literal["process", "sim"]
 OPEN_CONCURRENCY = 64
 TICK_S = 0.5
 BACKOFF_MIN_S = 0.25
+INVENTORY_PUT_S = 2.0
 
 
 class AgentService:
@@ -148,6 +150,7 @@ class AgentService:
         self.publisher: ObservedPublisher[MachineAgent] | None = None
         self._nc: NATS | None = None
         self._session: asyncio.Task[None] | None = None
+        self._reclaims: asyncio.Task[None] | None = None
         self._credentials: Identity | None = None
         self._tls: ssl.SSLContext | None = None
         self._tunnel: AgentTunnel | None = None
@@ -188,6 +191,7 @@ class AgentService:
                 lambda: self.machines.values(), lambda m: m.put_observed(), self.heartbeat_s
             )
             self.publisher = publisher
+            owner = self.enrolment.owner_tenant_id if self.enrolment is not None else None
             for machine_id in self.machine_ids:
                 self.machines[machine_id] = MachineAgent(
                     machine_id,
@@ -199,6 +203,7 @@ class AgentService:
                     records=self._records(machine_id),
                     timing=self.timing,
                     on_change=publisher.mark,
+                    owner_tenant_id=owner,
                 )
             publisher.start()
             await _bounded(self.machines.values(), lambda m: m.open())
@@ -217,6 +222,7 @@ class AgentService:
             await self.stop()
             raise
         self._session = asyncio.create_task(self._run(nc, closed), name="agent connection")
+        self._reclaims = asyncio.create_task(self._watch_reclaim(), name="agent local reclaim")
         log.info(
             "agent started",
             extra={
@@ -229,6 +235,11 @@ class AgentService:
 
     async def stop(self) -> None:
         """Stop the agent; its workloads keep running (a restarted agent adopts them)."""
+        reclaims, self._reclaims = self._reclaims, None
+        if reclaims is not None:
+            reclaims.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reclaims
         if self._session is not None:
             self._session.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -464,8 +475,25 @@ class AgentService:
         await _bounded([self.machines[i] for i in machine_ids if i in self.machines], one)
         return failed
 
+    async def _watch_reclaim(self) -> None:
+        """The owner's reclaim on the machine (`einsora agent reclaim`), read every tick,
+        whether or not the bus is there: it is applied locally first, then reported."""
+        while True:
+            local = reclaim.read(self.settings.data_dir)
+            now = utcnow()
+            for machine in self.machines.values():
+                machine.apply_reclaim(local, now)
+            unsent = {m.machine_id for m in self.machines.values() if m.inventory_unsent}
+            if unsent and self._nc is not None and self._nc.is_connected:
+                # Bounded, so a bus that is away holds up no local decision; a reconnect
+                # writes the inventory again anyway.
+                await self._each(unsent, _put_inventory_briefly)
+            await asyncio.sleep(TICK_S)
+
     async def _refresh_inventory(self, machine: MachineAgent) -> None:
         fresh = await self._inventory(machine.machine_id)
+        # The reclaim is the owner's word here, not something collected.
+        fresh = fresh.model_copy(update={"reclaimed_at": machine.inventory.reclaimed_at})
         if not inventory.same(fresh, machine.inventory):
             machine.inventory = fresh
             await machine.put_inventory()
@@ -475,6 +503,10 @@ async def _rewatch(machine: MachineAgent) -> None:
     await machine.rewatch()
     await machine.put_inventory()
     await machine.put_observed()
+
+
+async def _put_inventory_briefly(machine: MachineAgent) -> None:
+    await asyncio.wait_for(machine.put_inventory(), INVENTORY_PUT_S)
 
 
 async def _resync(machine: MachineAgent) -> None:

@@ -285,6 +285,11 @@ machines = sa.Table(
     sa.Column("join_token_id", ID, sa.ForeignKey("join_tokens.id"), nullable=True),
     sa.Column("enrolled_at", UtcDateTime(), nullable=False),
     sa.Column("revoked_at", UtcDateTime(), nullable=True),
+    # Owner reclaim (ADR-0017): how long guests keep running after a reclaim, the least they
+    # run before one preempts them, and since when the owner reclaims it (NULL: released).
+    sa.Column("reclaim_grace_s", sa.Float(), nullable=False, server_default="120"),
+    sa.Column("guest_min_runtime_s", sa.Float(), nullable=False, server_default="600"),
+    sa.Column("reclaimed_at", UtcDateTime(), nullable=True),
     sa.Index(None, "owner_tenant_id", "id"),
 )
 

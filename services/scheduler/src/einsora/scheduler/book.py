@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -109,8 +109,15 @@ class Book:
         *,
         owner_tenant: str | None = None,
         community_pool: bool = False,
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.region = region
+        self.clock = clock
+        """The wall clock reclaims are judged by (a test's own, to pass a grace at once)."""
+        self.unshared_since: dict[str, datetime] = {}
+        """Guests' workloads on machines no longer shared with them, since when (first seen)."""
+        self.preempt_notes: dict[str, datetime] = {}
+        """The preemption time each guest's workload was last told of (reclaim.py)."""
         self.catalog = catalog
         self.quotas: dict[str, TenantQuota] = {}
         """Each tenant's quota (the `usage` bucket), by tenant id."""
@@ -342,6 +349,8 @@ class Book:
                     "to": state.value,
                 },
             )
+        if state is WorkloadState.running and workload.state is not WorkloadState.running:
+            workload.running_since = self.clock()
         workload.state = state
         workload.reason = reason
         self._emit(workload, EventKind.transition, reason, placement)

@@ -20,14 +20,22 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from pydantic import ValidationError
 
 from einsora.common import logs
 from einsora.common.catalog import Catalog
 from einsora.common.errors import EinsoraError
-from einsora.common.schemas import Enrolment, WorkloadIntent, WorkloadState, what_is_wrong
+from einsora.common.schemas import (
+    Enrolment,
+    WorkloadIntent,
+    WorkloadState,
+    utcnow,
+    what_is_wrong,
+)
 from einsora.scheduler.admission import admit_queued
 from einsora.scheduler.book import Book
 from einsora.scheduler.intents import apply_intent
@@ -36,6 +44,7 @@ from einsora.scheduler.model import Liveness
 from einsora.scheduler.observe import check_liveness
 from einsora.scheduler.projection import Projection, Projector
 from einsora.scheduler.quotas import apply_usage_key
+from einsora.scheduler.reclaim import check_reclaim
 from einsora.scheduler.store import SchedulerStore, Snapshot
 from einsora.scheduler.tokens import WorkloadTokens
 from einsora.scheduler.watch import MachineKey
@@ -130,8 +139,10 @@ class Engine:
         tokens: WorkloadTokens | None = None,
         owner_tenant: str | None = None,
         community_pool: bool = False,
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.region = region
+        self.clock = clock
         self.catalog = catalog
         self.store = store
         self.projector = projector
@@ -140,7 +151,12 @@ class Engine:
         self.owner_tenant = owner_tenant
         self.community_pool = community_pool
         self.book = Book(
-            region, catalog, self.tokens, owner_tenant=owner_tenant, community_pool=community_pool
+            region,
+            catalog,
+            self.tokens,
+            owner_tenant=owner_tenant,
+            community_pool=community_pool,
+            clock=clock,
         )
         self._queue: asyncio.Queue[_Input] = asyncio.Queue()
         self._max_inputs = max_inputs_per_cycle
@@ -167,6 +183,7 @@ class Engine:
             self.tokens,
             self.owner_tenant,
             self.community_pool,
+            self.clock,
         )
         # Quotas and usage come from the bus, not the store: the mirror does not send them again.
         self.book.quotas, self.book.usage = old.quotas, old.usage
@@ -340,6 +357,7 @@ class Engine:
                 check_liveness(
                     self.book, now, self.timing.suspect_after_s, self.timing.lost_after_s
                 )
+                check_reclaim(self.book)
             elif isinstance(item, _Present):
                 self.reader.rewrite_missing(self.book, item.machine_ids)
             elif isinstance(item, _Replay):
@@ -416,10 +434,23 @@ def _book_from(
     tokens: WorkloadTokens,
     owner_tenant: str | None,
     community_pool: bool,
+    clock: Callable[[], datetime],
 ) -> Book:
-    book = Book(region, catalog, tokens, owner_tenant=owner_tenant, community_pool=community_pool)
+    book = Book(
+        region,
+        catalog,
+        tokens,
+        owner_tenant=owner_tenant,
+        community_pool=community_pool,
+        clock=clock,
+    )
+    loaded_at = clock()
     for workload in snapshot.workloads:
         workload.access_token = book.access_token_for(workload.workload_id)
+        if workload.state is WorkloadState.running:
+            # The store keeps no start time: a guest's minimum runtime counts from the load,
+            # so a restart can only delay its preemption, never hasten it (ADR-0017).
+            workload.running_since = loaded_at
         book.workloads[workload.workload_id] = workload
     for machine in snapshot.machines:
         # A machine gets a full grace period after the scheduler starts, unless it was lost:

@@ -216,9 +216,23 @@ def _take_enrolment(book: Book, machine: Machine, enrolment: Enrolment) -> None:
     """What placement reads of a machine's enrolment: how it is reached, whose it is, who else
     may use it. A change of who may use it is re-filed like a change of capacity."""
     machine.tunnel = enrolment.tunnel
-    sharing = (enrolment.owner_tenant_id, enrolment.sharing, frozenset(enrolment.guests))
-    if (machine.owner_tenant, machine.sharing, machine.guests) != sharing:
-        machine.owner_tenant, machine.sharing, machine.guests = sharing
+    machine.enrolled = True
+    machine.reclaim_grace_s = enrolment.reclaim_grace_s
+    machine.guest_min_runtime_s = enrolment.guest_min_runtime_s
+    sharing = (
+        enrolment.owner_tenant_id,
+        enrolment.sharing,
+        frozenset(enrolment.guests),
+        enrolment.reclaimed_at,
+    )
+    now = (machine.owner_tenant, machine.sharing, machine.guests, machine.enrolment_reclaimed_at)
+    if now != sharing:
+        (
+            machine.owner_tenant,
+            machine.sharing,
+            machine.guests,
+            machine.enrolment_reclaimed_at,
+        ) = sharing
         book.machine_changed(machine)
 
 

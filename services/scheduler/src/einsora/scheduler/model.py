@@ -92,6 +92,22 @@ class Machine:
     sharing: SharingLevel = SharingLevel.private
     guests: frozenset[str] = frozenset()
     """Tenants invited to use it (counted while it is not private)."""
+    enrolled: bool = False
+    """Its enrolment has been read since the book was built: until then who owns it, and who
+    else may use it, is unknown (not "nobody"), so no guest is judged there."""
+    reclaim_grace_s: float = 120.0
+    guest_min_runtime_s: float = 600.0
+    enrolment_reclaimed_at: datetime | None = None
+    """When its owner reclaimed it through the api (its enrolment); the agent's own reclaim is
+    `inventory.reclaimed_at`. Both from the bus, in memory only."""
+
+    @property
+    def reclaimed_at(self) -> datetime | None:
+        """Reclaimed since the earlier of the api's and the agent's reclaim; None: by neither."""
+        both = [
+            t for t in (self.enrolment_reclaimed_at, self.inventory.reclaimed_at) if t is not None
+        ]
+        return min(both) if both else None
 
     @property
     def placeable(self) -> bool:
@@ -136,6 +152,8 @@ class Workload:
     seq: int = 0
     pending_since: datetime | None = None
     request_id: str | None = None
+    running_since: datetime | None = None
+    """When it last became running (in memory; a load takes the load's time: ADR-0017)."""
 
     @property
     def queue_key(self) -> tuple[datetime, str]:

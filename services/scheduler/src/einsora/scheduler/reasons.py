@@ -171,3 +171,27 @@ def device_gone(machine_id: str, uuid: str) -> str:
         f"GPU {uuid} on {machine_id} is quarantined or gone, so the workload using it was "
         "stopped; resume it to place it again"
     )
+
+
+OWNER_RECLAIMED = "owner reclaimed the machine"
+"""Every preemption because the owner reclaimed a machine starts with these words."""
+NO_LONGER_SHARED = "the machine is no longer shared with your tenant"
+"""Every preemption because a machine was made private or an invitation revoked starts so."""
+
+
+def preempting(machine_id: str, reclaimed: bool, at: str) -> str:
+    """`at`: when it will be preempted (HH:MM:SS UTC), after the grace and its minimum runtime."""
+    why = (
+        f"the owner reclaimed {machine_id}"
+        if reclaimed
+        else f"{machine_id} is no longer shared with your tenant"
+    )
+    return f"{why}; preempted at {at} UTC unless released"
+
+
+def preempted(machine_id: str, reclaimed: bool) -> str:
+    why = OWNER_RECLAIMED if reclaimed else NO_LONGER_SHARED
+    return (
+        f"{why} ({machine_id}); it was stopped there and its devices released; resume it to "
+        "place it on another machine"
+    )

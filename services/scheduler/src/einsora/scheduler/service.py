@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import datetime
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -32,7 +33,7 @@ from einsora.common.bus import (
 from einsora.common.bus.mirror import KvMirror
 from einsora.common.catalog import Catalog
 from einsora.common.errors import ConfigError, EinsoraError
-from einsora.common.schemas import WorkloadIntent, what_is_wrong
+from einsora.common.schemas import WorkloadIntent, utcnow, what_is_wrong
 from einsora.common.settings import Settings
 from einsora.scheduler.engine import CycleFailed, Engine, Timing
 from einsora.scheduler.projection import Projector
@@ -68,6 +69,7 @@ class SchedulerService:
         batch: int = 256,
         ack_wait_s: float = 30.0,
         publish_timeout_s: float = 5.0,
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         try:
             names.intent_region_filter(settings.region)
@@ -88,6 +90,8 @@ class SchedulerService:
         self._batch = batch
         self._ack_wait_s = ack_wait_s
         self._publish_timeout_s = publish_timeout_s
+        self._clock = clock
+        """The wall clock reclaims are judged by (a test's own, to pass a grace at once)."""
         self._nc: NATS | None = None
         self._store: SchedulerStore | None = None
         self._engine: Engine | None = None
@@ -133,6 +137,7 @@ class SchedulerService:
             tokens=WorkloadTokens.from_file(self.settings.data_dir / TOKENS_KEY_FILE),
             owner_tenant=self.settings.machine_owner_tenant,
             community_pool=self.settings.community_pool,
+            clock=self._clock,
         )
         self._engine = engine
         await engine.load()

@@ -44,7 +44,10 @@ def may_run(machine: Machine, tenant_id: str, cell_owner: str | None, community_
     level = trust_level(machine, tenant_id, cell_owner, community_pool)
     if level is None:
         return False
-    return level is Trust.owner or has_strong_driver(machine.inventory.drivers)
+    if level is Trust.owner:
+        return True
+    # While its owner reclaims it, a machine takes no guest (ADR-0017).
+    return machine.reclaimed_at is None and has_strong_driver(machine.inventory.drivers)
 
 
 def why_not(machine: Machine, tenant_id: str, cell_owner: str | None, community_pool: bool) -> str:
@@ -53,6 +56,8 @@ def why_not(machine: Machine, tenant_id: str, cell_owner: str | None, community_
         if machine.sharing is SharingLevel.community and not community_pool:
             return f"{machine.machine_id}: shared with a community pool this instance does not run"
         return f"{machine.machine_id}: not shared with your tenant"
+    if machine.reclaimed_at is not None:
+        return f"{machine.machine_id}: reclaimed by its owner"
     drivers = machine.inventory.drivers
     weak = ", ".join(sorted(d for d in drivers if DRIVER_ISOLATION.get(d) is not Isolation.strong))
     return f"{machine.machine_id}: only weak isolation ({weak or 'no driver'}); guests need strong"

@@ -136,6 +136,9 @@ class Inventory(Message):
     """Endpoint runtimes this machine can serve (`EndpointRuntime` values); the sim driver
     simulates them all."""
     agent_version: str = ""
+    reclaimed_at: datetime | None = None
+    """When the owner reclaimed the machine on the machine itself (`einsora agent reclaim`,
+    which works while the control plane is unreachable); None: not reclaimed there."""
     at: datetime = Field(default_factory=utcnow)
 
 
@@ -167,6 +170,12 @@ class Enrolment(Message):
     connection); False: directly at the address the agent reports (Solo, the same host)."""
     tunnel_key: str | None = None
     """The agent's SSH public key (OpenSSH format): the tunnel hub knows the machine by it."""
+    reclaim_grace_s: float = Field(default=120.0, ge=0)
+    """How long guests' workloads keep running after the owner reclaims the machine."""
+    guest_min_runtime_s: float = Field(default=600.0, ge=0)
+    """A guest's workload is never preempted before it has run this long."""
+    reclaimed_at: datetime | None = None
+    """When its owner reclaimed it through the api (None: not reclaimed, or released)."""
     enrolled_at: datetime = Field(default_factory=utcnow)
     revoked_at: datetime | None = None
 

@@ -36,6 +36,9 @@ class WorkloadState(StrEnum):
     removing = "removing"
     removed = "removed"
     failed = "failed"
+    preempted = "preempted"
+    """Stopped because its machine's owner took the machine back (reclaimed it, or no longer
+    shares it with the workload's tenant); a resume places it again elsewhere."""
 
 
 TERMINAL_STATES = frozenset({WorkloadState.removed})

@@ -1,5 +1,6 @@
-"""`PATCH /v1/machines/{id}`, `/v1/machines/{id}/invitations` and `/v1/machine-invitations`:
-a machine's sharing level, and the invitations its owner makes and guests accept.
+"""`PATCH /v1/machines/{id}`, `/v1/machines/{id}/{reclaim,release}`,
+`/v1/machines/{id}/invitations` and `/v1/machine-invitations`: a machine's sharing level, its
+owner's reclaim, and the invitations its owner makes and guests accept.
 
 Every change is committed, then its machine's `Enrolment` (guests included) is put to the
 `enrolments` bucket before the answer, so the scheduler knows it first.
@@ -71,9 +72,59 @@ async def share_machine(
         store, call.me, machine_id, body, community_pool=pool
     )
     await _put(request, enrolment)
-    log.info("machine sharing set", extra={"machine_id": machine_id, "sharing": body.sharing})
-    record = next((r for r in call.ctx.machines.snapshot() if r.machine_id == machine_id), None)
-    return reply(await machine_sharing.shown_machine(store, call.me, enrolment, record))
+    log.info(
+        "machine sharing set",
+        extra={"machine_id": machine_id, **body.model_dump(exclude_none=True, mode="json")},
+    )
+    return reply(await _shown(call, enrolment))
+
+
+async def _shown(call: Me, enrolment: Enrolment) -> MachineOut:
+    records = call.ctx.machines.snapshot()
+    record = next((r for r in records if r.machine_id == enrolment.machine_id), None)
+    return await machine_sharing.shown_machine(call.ctx.store, call.me, enrolment, record)
+
+
+@router.post(
+    "/v1/machines/{id:machine_id}/reclaim",
+    summary="Reclaim a machine (an admin of its owner tenant, or the operator): guests' "
+    "workloads are preempted after its grace and their minimum runtime, and no guest is "
+    "placed there until it is released; again: it stays reclaimed from the first time",
+    response_model=MachineOut,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS, 403, 404, 409),
+)
+async def reclaim_machine(call: Me, request: Request, machine_id: MachineId) -> Response:
+    return await _set_reclaimed(call, request, machine_id, reclaimed=True)
+
+
+@router.post(
+    "/v1/machines/{id:machine_id}/release",
+    summary="Release a reclaimed machine: guests may be placed there again (their preempted "
+    "workloads stay preempted until resumed); a machine not reclaimed: nothing changes",
+    response_model=MachineOut,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS, 403, 404, 409),
+)
+async def release_machine(call: Me, request: Request, machine_id: MachineId) -> Response:
+    return await _set_reclaimed(call, request, machine_id, reclaimed=False)
+
+
+async def _set_reclaimed(
+    call: Me, request: Request, machine_id: str, *, reclaimed: bool
+) -> Response:
+    ctx = call.ctx
+    enrolment = await machine_sharing.set_reclaimed(
+        ctx.store,
+        call.me,
+        machine_id,
+        reclaimed,
+        community_pool=ctx.settings.community_pool,
+        now=ctx.clock(),
+    )
+    await _put(request, enrolment)
+    log.info(
+        "machine reclaimed" if reclaimed else "machine released", extra={"machine_id": machine_id}
+    )
+    return reply(await _shown(call, enrolment))
 
 
 @router.post(

@@ -130,7 +130,7 @@ async def park_workload(
 
 @router.post(
     "/v1/workloads/{id}/resume",
-    summary="Resume a parked or failed workload",
+    summary="Resume a parked, failed or preempted workload",
     response_model=WorkloadOut,
     status_code=202,
     responses=errors(*AUTH_ERRORS, *PARAM_ERRORS, 404, 409),

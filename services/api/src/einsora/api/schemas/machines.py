@@ -120,6 +120,17 @@ class MachineEnrolment(BaseModel):
         f"it while sharing is not private); {_OWNERS_ONLY}",
     )
     tunnel: bool | None = Field(description=_OWNERS_ONLY)
+    reclaim_grace_s: float = Field(
+        default=120.0, description="how long guests keep running after the owner reclaims it"
+    )
+    guest_min_runtime_s: float = Field(
+        default=600.0, description="the least a guest's workload runs before a reclaim stops it"
+    )
+    reclaimed_at: datetime | None = Field(
+        default=None,
+        description="since when its owner reclaims it through the api (guests are preempted "
+        "and none is placed there until it is released); null: not reclaimed",
+    )
     enrolled_at: datetime
     revoked_at: datetime | None
 
@@ -142,13 +153,33 @@ class JoinTokenPage(Page[JoinTokenOut]):
     pass
 
 
-class SharingUpdate(RequestBody):
-    """`PATCH /v1/machines/{id}`: who may use the machine besides its owner's tenant."""
+MAX_RECLAIM_S = 7 * 24 * 3600.0
+"""The longest grace or minimum runtime an owner may set: a week."""
 
-    sharing: SharingLevel = Field(
+
+class SharingUpdate(RequestBody):
+    """`PATCH /v1/machines/{id}`: who may use the machine besides its owner's tenant, and how
+    a reclaim treats them (give at least one field)."""
+
+    sharing: SharingLevel | None = Field(
+        default=None,
         description="`private`: the owner's tenant only; `invite-only`: also the tenants whose "
         "invitation was accepted; `community`: any tenant, where this control plane runs a "
-        "community pool (elsewhere it counts as invite-only)"
+        "community pool (elsewhere it counts as invite-only)",
+    )
+    reclaim_grace_s: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_RECLAIM_S,
+        description="seconds guests' workloads keep running after the owner reclaims the "
+        "machine (default 120)",
+    )
+    guest_min_runtime_s: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_RECLAIM_S,
+        description="seconds a guest's workload runs at least before a reclaim may preempt it "
+        "(default 600)",
     )
 
 

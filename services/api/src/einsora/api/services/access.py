@@ -21,11 +21,13 @@ from einsora.api.auth import Principal, secret_hash
 from einsora.api.errors import Conflict, NotFound
 from einsora.api.schemas.access import AccessOut
 from einsora.api.store import Store
+from einsora.common import lifecycle
 from einsora.common.ids import is_id, new_id
 from einsora.common.schemas import (
     AccessRedeemReply,
     AccessRedeemRequest,
     EventKind,
+    IntentAction,
     WorkloadState,
     utcnow,
 )
@@ -88,7 +90,11 @@ async def mint(
         if state != WorkloadState.running.value:
             raise Conflict(
                 f"workload {workload_id} is {state}; only a running workload can be opened"
-                + (" (resume it first)" if state == WorkloadState.parked.value else "")
+                + (
+                    " (resume it first)"
+                    if lifecycle.allows(IntentAction.resume, WorkloadState(state))
+                    else ""
+                )
             )
         await conn.execute(
             sa.insert(m.access_tickets).values(

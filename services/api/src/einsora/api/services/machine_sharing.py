@@ -166,16 +166,49 @@ async def set_sharing(
     *,
     community_pool: bool,
 ) -> Enrolment:
-    """Set the machine's sharing level, committed: its enrolment now."""
+    """Set the machine's sharing level, reclaim grace or guests' minimum runtime (those given),
+    committed: its enrolment now."""
+    values: dict[str, Any] = {
+        field: value
+        for field, value in body.model_dump(exclude_none=True, mode="json").items()
+        if field in ("sharing", "reclaim_grace_s", "guest_min_runtime_s")
+    }
+    if not values:
+        raise field_error("sharing", "give sharing, reclaim_grace_s or guest_min_runtime_s")
     async with store.write() as conn:
         enrolment = await _managed(conn, principal, machine_id, community_pool=community_pool)
         _live(enrolment)
-        await conn.execute(
-            sa.update(m.machines).where(_m.id == machine_id).values(sharing=body.sharing.value)
-        )
+        await conn.execute(sa.update(m.machines).where(_m.id == machine_id).values(**values))
         now = await machines.enrolment_of(conn, machine_id)
     assert now is not None  # locked above
     return now
+
+
+async def set_reclaimed(
+    store: Store,
+    principal: Principal,
+    machine_id: str,
+    reclaimed: bool,
+    *,
+    community_pool: bool,
+    now: datetime | None = None,
+) -> Enrolment:
+    """Reclaim the machine (`reclaimed`; again: it stays reclaimed from the first time) or
+    release it (again, or never reclaimed: nothing changes), committed: its enrolment now.
+    The scheduler preempts guests' workloads from it after the grace (ADR-0017)."""
+    async with store.write() as conn:
+        enrolment = await _managed(conn, principal, machine_id, community_pool=community_pool)
+        _live(enrolment)
+        if reclaimed and enrolment.reclaimed_at is None:
+            change = sa.update(m.machines).values(reclaimed_at=now or utcnow())
+        elif not reclaimed and enrolment.reclaimed_at is not None:
+            change = sa.update(m.machines).values(reclaimed_at=None)
+        else:
+            return enrolment
+        await conn.execute(change.where(_m.id == machine_id))
+        after = await machines.enrolment_of(conn, machine_id)
+    assert after is not None  # locked above
+    return after
 
 
 def _select() -> sa.Select[tuple[Any, ...]]:

@@ -284,6 +284,9 @@ def _enrolment(row: Any, guests: list[str] | None = None) -> Enrolment:
         guests=guests or [],
         tunnel=row.tunnel,
         tunnel_key=row.tunnel_key,
+        reclaim_grace_s=row.reclaim_grace_s,
+        guest_min_runtime_s=row.guest_min_runtime_s,
+        reclaimed_at=row.reclaimed_at,
         enrolled_at=row.enrolled_at,
         revoked_at=row.revoked_at,
     )
@@ -335,6 +338,9 @@ def shown(
         sharing=enrolment.sharing,
         guests=list(enrolment.guests) if whole else None,
         tunnel=enrolment.tunnel if whole else None,
+        reclaim_grace_s=enrolment.reclaim_grace_s,
+        guest_min_runtime_s=enrolment.guest_min_runtime_s,
+        reclaimed_at=enrolment.reclaimed_at,
         enrolled_at=enrolment.enrolled_at,
         revoked_at=enrolment.revoked_at,
     )
