@@ -61,6 +61,9 @@ def test_host_inventory_reports_this_machine() -> None:
         ({"driver": "sim", "heartbeat_s": 0}, "heartbeat interval must be more than 0 s"),
         ({"driver": "sim", "sim_inventory": "9x warp-drive"}, "unknown class 'warp-drive'"),
         ({"driver": "sim", "machine_id": "m.1"}, "machine id 'm.1' is not valid"),
+        # Solo keeps every identity's seed as <identity>.nk in one dir: no machine may share one.
+        ({"driver": "sim", "machine_id": "system"}, "control plane's own bus identities"),
+        ({"driver": "sim", "machine_id": "scheduler"}, "control plane's own bus identities"),
     ],
 )
 def test_agent_options_are_checked_before_start(

@@ -8,15 +8,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from einsora.common.bus import names
+from einsora.common.bus import identities, names
 from einsora.common.errors import ConfigError
 from einsora.common.ids import new_id
+
+RESERVED = frozenset(
+    {*identities.SERVICES, identities.CALLOUT, identities.SYSTEM, identities.ISSUER}
+)
+"""The control plane's own bus identities: a machine named so would share its seed file in
+Solo's credentials dir, and its identity on the bus."""
 
 
 def check_machine_id(machine_id: str) -> str:
     if not names.is_subject_token(machine_id, max_length=100):
         raise ConfigError(
             f"machine id {machine_id!r} is not valid: use 1 to 100 letters, digits, - or _"
+        )
+    if machine_id in RESERVED:
+        raise ConfigError(
+            f"machine id {machine_id!r} is the name of one of the control plane's own bus "
+            "identities; choose another"
         )
     return machine_id
 
