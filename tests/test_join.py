@@ -11,7 +11,6 @@ issue 14).
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import ssl
 import tempfile
@@ -24,6 +23,7 @@ from tests.conftest import OpenApi, StartPlane
 
 from einsora.agent.join import MachineRevoked, join
 from einsora.agent.service import AgentService
+from einsora.api.testing import eventually
 from einsora.common import simtext
 from einsora.common.bus import connect
 from einsora.common.errors import BusUnavailable
@@ -153,9 +153,6 @@ async def test_a_solo_over_tls_runs_and_its_joiners_trust_its_certificate(
             listed = (await api.ok("GET", "/v1/machines"))["items"]
             return any(m["id"] == enrolled.machine_id and m["heartbeat_at"] for m in listed)
 
-        deadline = time.monotonic() + 20
-        while not await reported():
-            assert time.monotonic() < deadline, "the joined machine never reported"
-            await asyncio.sleep(0.1)
+        await eventually(reported, within_s=20)
     finally:
         await joiner.stop()

@@ -8,9 +8,9 @@ its timeline says why, each time the reason changes.
 
 from __future__ import annotations
 
-import asyncio
-
 from tests.conftest import Api, OpenApi, StartPlane
+
+from einsora.api.testing import eventually
 
 
 async def test_a_guests_notebook_waits_on_a_machine_of_weak_isolation(
@@ -47,9 +47,6 @@ async def test_a_guests_notebook_waits_on_a_machine_of_weak_isolation(
         items = (await guest.ok("GET", f"/v1/workloads/{made['id']}/events"))["items"]
         return any(weak in e["reason"] for e in items)
 
-    deadline = asyncio.get_running_loop().time() + 20
-    while not await noted():
-        assert asyncio.get_running_loop().time() < deadline, "the new reason never came"
-        await asyncio.sleep(0.1)
+    await eventually(noted, within_s=20)
     assert (await guest.ok("GET", f"/v1/workloads/{made['id']}"))["state"] == "queued"
     assert plane.running_workloads() == 0

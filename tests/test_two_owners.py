@@ -18,6 +18,7 @@ from typing import Any
 
 from tests.conftest import Api, OpenApi, StartPlane
 
+from einsora.api.testing import eventually
 from einsora.common.testing import subprocess_env
 
 EINSORA = Path(sys.executable).parent / "einsora"
@@ -67,10 +68,15 @@ def _reported(machines: list[dict[str, Any]], machine_id: str) -> bool:
 
 
 async def _until(api: Api, check: Any, what: str, within_s: float = 30) -> None:
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not check((await api.ok("GET", "/v1/machines"))["items"]):
-        assert asyncio.get_running_loop().time() < deadline, f"never: {what}"
-        await asyncio.sleep(0.2)
+    """Until `check` holds for the machines `api`'s caller sees (`what` names it)."""
+
+    async def holds() -> bool:
+        return bool(check((await api.ok("GET", "/v1/machines"))["items"]))
+
+    try:
+        await eventually(holds, within_s=within_s)
+    except AssertionError as exc:
+        raise AssertionError(f"never: {what}") from exc
 
 
 async def test_two_owners_share_their_machines_and_one_takes_its_back(
