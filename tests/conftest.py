@@ -108,6 +108,19 @@ class Api:
             await asyncio.sleep(0.1)
 
 
+async def tenant_admin(owner: Api, name: str) -> tuple[str, Api]:
+    """A new tenant `name`, made by the operator, and an Api as its first admin."""
+    tenant = await owner.ok("POST", "/v1/tenants", {"name": name})
+    invited = await owner.ok(
+        "POST",
+        f"/v1/tenants/{tenant['id']}/invitations",
+        {"username": f"{name}-admin", "role": "admin"},
+    )
+    status, joined = await owner.call("POST", "/v1/invitations/redeem", {"code": invited["code"]})
+    assert status == 201, joined
+    return tenant["id"], Api(owner.http, owner.base, joined["token"]["token"])
+
+
 OpenApi = Callable[[ControlPlane], Awaitable[Api]]
 
 

@@ -16,25 +16,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import Api, OpenApi, StartPlane
+from tests.conftest import Api, OpenApi, StartPlane, tenant_admin
 
 from einsora.api.testing import eventually
 from einsora.common.testing import subprocess_env
 
 EINSORA = Path(sys.executable).parent / "einsora"
 GPU = {"kind": "notebook", "class": "l40s-48gb"}
-
-
-async def _tenant_admin(owner: Api, name: str) -> tuple[str, Api]:
-    tenant = await owner.ok("POST", "/v1/tenants", {"name": name})
-    invited = await owner.ok(
-        "POST",
-        f"/v1/tenants/{tenant['id']}/invitations",
-        {"username": f"{name}-admin", "role": "admin"},
-    )
-    status, joined = await owner.call("POST", "/v1/invitations/redeem", {"code": invited["code"]})
-    assert status == 201, joined
-    return tenant["id"], Api(owner.http, owner.base, joined["token"]["token"])
 
 
 async def _machine(
@@ -84,8 +72,8 @@ async def test_two_owners_share_their_machines_and_one_takes_its_back(
 ) -> None:
     plane = await start_plane(driver="sim", sim_inventory="8 cpu, 32 GiB")  # no GPU of its own
     owner = await api_of(plane)
-    _, alice = await _tenant_admin(owner, "alice")
-    bob_tenant, bob = await _tenant_admin(owner, "bob")
+    _, alice = await tenant_admin(owner, "alice")
+    bob_tenant, bob = await tenant_admin(owner, "bob")
     processes: list[asyncio.subprocess.Process] = []
     try:
         m_alice = await _machine(alice, tmp_path / "a", tmp_path / "a.log", processes)
