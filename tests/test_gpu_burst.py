@@ -110,7 +110,9 @@ async def test_a_burst_of_guest_and_owner_launches_never_books_a_gpu_twice(
                 for i, state in (await _states(api, ids)).items()
                 if state == "running"
             ]
-            more = [api.ok("POST", "/v1/workloads", GPU) for api in (owner, guest) for _ in range(2)]
+            more = [
+                api.ok("POST", "/v1/workloads", GPU) for api in (owner, guest) for _ in range(2)
+            ]
             gone = [api.ok("DELETE", f"/v1/workloads/{i}") for api, i in running]
             results: list[Any] = await asyncio.gather(*more, *gone)
             removed = {i for _, i in running}
