@@ -47,6 +47,7 @@ ATTEMPTS: list[tuple[str, str, str, object]] = [
     ("GET", "/v1/gateway/keys/{id}", "gateway_key_id", None),
     ("DELETE", "/v1/gateway/keys/{id}", "gateway_key_id", None),
     ("DELETE", "/v1/machines/join-tokens/{id}", "join_token_id", None),
+    ("GET", "/v1/machines/{id}", "machine_id", None),
     ("DELETE", "/v1/machines/{id}", "machine_id", None),
     ("PATCH", "/v1/machines/{id}", "machine_id", {"sharing": "community"}),
     ("POST", "/v1/machines/{id}/invitations", "machine_id", {"tenant": "intruder"}),

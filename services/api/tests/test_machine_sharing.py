@@ -343,3 +343,57 @@ async def test_a_workload_on_another_tenants_machine_says_who_can_see_its_data(
     assert replayed.headers["Idempotent-Replayed"] == "true"
     assert replayed.body["placement"]["host"]["note"] == note
     assert studio_id == shown.body["tenant_id"]
+
+
+async def test_an_invitation_may_name_one_user_who_accepts_it_themself(
+    api_on_store: RunningApi, bus: Bus
+) -> None:
+    api = api_on_store
+    _, lab = await new_tenant(api, "lab", "lab-admin")
+    studio_id, studio = await new_tenant(api, "studio", "studio-admin")
+    ada = await new_member(api, studio_id, "ada", by=studio)
+    bo = await new_member(api, studio_id, "bo", by=studio)
+    ada_id = (await ada.get("/v1/me")).body["user"]["id"]
+    machine = await _machine(api, lab, sharing="invite-only")
+
+    for bad, field in (
+        ({}, "tenant"),
+        ({"tenant": "studio", "user": "ada"}, "tenant"),
+        ({"user": "nobody"}, "user"),
+    ):
+        refused = await lab.post(f"/v1/machines/{machine}/invitations", bad)
+        assert refused.status == 422, refused.text
+        assert [d["field"] for d in refused.body["details"]] == [field]
+    made = await lab.post(f"/v1/machines/{machine}/invitations", {"user": "ada"})
+    assert made.status == 201, made.text
+    invitation = made.body
+    assert (invitation["user_id"], invitation["username"], invitation["tenant_id"]) == (
+        ada_id,
+        "ada",
+        None,
+    )
+    again = await lab.post(f"/v1/machines/{machine}/invitations", {"user": "ada"})
+    assert (again.status, again.body["id"]) == (200, invitation["id"])
+
+    # Only ada sees and accepts it: not her tenant's admin, not her tenant-mate.
+    assert [i["id"] for i in (await ada.get("/v1/machine-invitations")).body["items"]] == [
+        invitation["id"]
+    ]
+    assert (await bo.get("/v1/machine-invitations")).body["items"] == []
+    assert (await _accept(studio, invitation["id"])).status == 404
+    assert (await _accept(bo, invitation["id"])).status == 404
+    accepted = await _accept(ada, invitation["id"])  # a member, not an admin: hers to accept
+    assert accepted.status == 200, accepted.text
+    enrolment = await _enrolment(bus, machine)
+    assert enrolment is not None
+    assert (enrolment.guests, enrolment.guest_users) == ([], [ada_id])  # before the answer
+    # She sees the machine; her tenant-mate does not.
+    assert machine in {m["id"] for m in (await ada.get("/v1/machines")).body["items"]}
+    assert machine not in {m["id"] for m in (await bo.get("/v1/machines")).body["items"]}
+
+    gone = await lab.delete(f"/v1/machines/{machine}/invitations/{invitation['id']}")
+    assert gone.status == 204
+    enrolment = await _enrolment(bus, machine)
+    assert enrolment is not None
+    assert enrolment.guest_users == []
+    assert machine not in {m["id"] for m in (await ada.get("/v1/machines")).body["items"]}

@@ -245,9 +245,20 @@ class Sim:
         workload_id: str | None = None,
         at: datetime | None = None,
         request_id: str | None = None,
+        tenant_id: str = TENANT,
+        user_id: str | None = None,
     ) -> str:
         workload_id = workload_id or new_id("workload")
-        await self.intent("create", workload_id, class_name, count, at=at, request_id=request_id)
+        await self.intent(
+            "create",
+            workload_id,
+            class_name,
+            count,
+            at=at,
+            request_id=request_id,
+            tenant_id=tenant_id,
+            user_id=user_id,
+        )
         return workload_id
 
     async def intent(
@@ -261,13 +272,16 @@ class Sim:
         request_id: str | None = None,
         intent_id: str | None = None,
         msg_id: str | None = None,
+        tenant_id: str = TENANT,
+        user_id: str | None = None,
     ) -> WorkloadIntent:
         intent = WorkloadIntent.model_validate(
             {
                 "intent_id": intent_id or new_id("intent"),
                 "action": action,
                 "workload_id": workload_id,
-                "tenant_id": TENANT,
+                "tenant_id": tenant_id,
+                "user_id": user_id,
                 "region": "local",
                 "kind": WorkloadKind.notebook,
                 "class": class_name,

@@ -266,6 +266,24 @@ def test_a_guest_goes_to_a_machine_with_strong_isolation() -> None:
     assert _admit(book, _workload("l40s-48gb", tenant_id="t-owner", age_s=1)) == "m-host"
 
 
+def test_an_invited_user_runs_there_and_their_tenant_mates_do_not() -> None:
+    book = _book(_inventory("m-vm", gpus=2, drivers=("libvirt",)), shared=False)
+    _shared(book, "m-vm", "t-owner", SharingLevel.invite_only)
+    machine = book.machines["m-vm"]
+    machine.guest_users = frozenset({"u-ada"})
+    book.machine_changed(machine)
+    assert trust_level(machine, "t-studio", None, False, "u-ada") is Trust.invited
+    assert trust_level(machine, "t-studio", None, False, "u-bo") is None
+
+    mate = _workload("l40s-48gb", tenant_id="t-studio", age_s=2)
+    mate.user_id = "u-bo"
+    assert _admit(book, mate) is None
+    assert "m-vm: not shared with your tenant or you" in mate.reason
+    hers = _workload("l40s-48gb", tenant_id="t-studio", age_s=1)
+    hers.workload_id, hers.user_id = "w-ada", "u-ada"
+    assert _admit(book, hers) == "m-vm"
+
+
 def test_a_gpu_is_never_booked_to_two_tenants_at_once() -> None:
     book = _book(_inventory("m-vm", gpus=2, drivers=("libvirt",)))
     book.community_pool = True

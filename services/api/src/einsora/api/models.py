@@ -290,6 +290,11 @@ machines = sa.Table(
     sa.Column("reclaim_grace_s", sa.Float(), nullable=False, server_default="120"),
     sa.Column("guest_min_runtime_s", sa.Float(), nullable=False, server_default="600"),
     sa.Column("reclaimed_at", UtcDateTime(), nullable=True),
+    # The owner's lend (issue 15): what Einsora may use of the machine's inventory. NULL: all
+    # of that resource; `lend_gpus` is a JSON list of GPU uuids (`[]`: none).
+    sa.Column("lend_cpus", sa.Float(), nullable=True),
+    sa.Column("lend_memory_mib", sa.BigInteger(), nullable=True),
+    sa.Column("lend_gpus", sa.Text(), nullable=True),
     sa.Index(None, "owner_tenant_id", "id"),
 )
 
@@ -298,8 +303,10 @@ machine_invitations = sa.Table(
     metadata,
     sa.Column("id", ID, primary_key=True),
     sa.Column("machine_id", MACHINE_ID, sa.ForeignKey("machines.id"), nullable=False),
-    # The guest: the tenant invited to use the machine; its admins accept.
-    sa.Column("tenant_id", ID, sa.ForeignKey("tenants.id"), nullable=False),
+    # The guest, one of two: a tenant invited to use the machine (its admins accept), or a
+    # user (who accepts, and whose workloads may use it whatever tenant they launch in).
+    sa.Column("tenant_id", ID, sa.ForeignKey("tenants.id"), nullable=True),
+    sa.Column("user_id", ID, sa.ForeignKey("users.id"), nullable=True),
     sa.Column("invited_by", ID, sa.ForeignKey("users.id"), nullable=False),
     sa.Column("created_at", UtcDateTime(), nullable=False),
     sa.Column("accepted_at", UtcDateTime(), nullable=True),
@@ -307,6 +314,7 @@ machine_invitations = sa.Table(
     sa.Column("revoked_at", UtcDateTime(), nullable=True),
     sa.Index(None, "machine_id", "id"),
     sa.Index(None, "tenant_id", "id"),
+    sa.Index(None, "user_id", "id"),
     # One live invitation per machine and guest, kept by the database, so two owners' admins
     # inviting at once cannot make two (the second answers with the first).
     sa.Index(
@@ -317,6 +325,18 @@ machine_invitations = sa.Table(
         sqlite_where=MACHINE_INVITATION_LIVE,
         postgresql_where=MACHINE_INVITATION_LIVE,
     ),
+    sa.Index(
+        "uq_machine_invitations_live_user",
+        "machine_id",
+        "user_id",
+        unique=True,
+        sqlite_where=MACHINE_INVITATION_LIVE,
+        postgresql_where=MACHINE_INVITATION_LIVE,
+    ),
+    sa.CheckConstraint(
+        "(tenant_id IS NULL) <> (user_id IS NULL)", name="ck_machine_invitations_one_guest"
+    ),
 )
-"""Invitations of a tenant to use a machine (issue 15): accepted and not revoked, the tenant is
-one of the machine's `guests` (which count while its sharing is not private)."""
+"""Invitations of a tenant or a user to use a machine (issue 15): accepted and not revoked, the
+tenant is one of the machine's `guests`, the user one of its `guest_users` (which count while
+its sharing is not private)."""

@@ -134,13 +134,13 @@ def _placed_reason(book: Book, workload: Workload, machine: Machine, demand: Dem
     if home == machine.machine_id:
         return reasons.placed_on_disk_machine(machine.machine_id)
     if demand.gpu:
-        total = len(machine.gpus_by_class.get(demand.class_name, []))
+        total = len(machine.lent_gpus_by_class.get(demand.class_name, []))
         free = book.index.free_devices(machine.machine_id, demand.class_name)
         text = reasons.placed(machine.machine_id, str(free), f"{total} {demand.class_name}")
     else:
         cores = f"{free_cpus(machine):g}"
         memory = f"{free_memory_mib(machine) / 1024:g}"
-        size = f"{machine.inventory.cpus} cores and {machine.inventory.memory_mib / 1024:g} GiB"
+        size = f"{machine.lent_cpus:g} cores and {machine.lent_memory_mib / 1024:g} GiB"
         text = reasons.placed(machine.machine_id, f"{cores} cores and {memory} GiB", size)
     if home is not None and home in book.machines and book.row_of(workload) is not None:
         why = _why_not_home(book.machines[home])

@@ -33,13 +33,14 @@ from einsora.common.schemas import (
     WorkloadState,
     utcnow,
 )
-from einsora.scheduler import trust
+from einsora.scheduler import reasons, trust
 from einsora.scheduler.capacity import (
     CPU_POOL,
     CapacityIndex,
     Demand,
     could_ever_fit,
     gpus_by_class,
+    lent_gpus_by_class,
 )
 from einsora.scheduler.model import Machine, Row, Workload
 from einsora.scheduler.tokens import WorkloadTokens
@@ -114,10 +115,11 @@ class Book:
         self.region = region
         self.clock = clock
         """The wall clock reclaims are judged by (a test's own, to pass a grace at once)."""
-        self.unshared_since: dict[str, datetime] = {}
-        """Guests' workloads on machines no longer shared with them, since when (first seen)."""
-        self.preempt_notes: dict[str, datetime] = {}
-        """The preemption time each guest's workload was last told of (reclaim.py)."""
+        self.notice_since: dict[str, datetime] = {}
+        """Guests' workloads on machines no longer shared with them, or whose owner no longer
+        lends what they hold: since when (first seen), the start of their grace (reclaim.py)."""
+        self.preempt_notes: dict[str, tuple[reasons.Preemption, datetime]] = {}
+        """Why and when each guest's workload was last told it goes (reclaim.py)."""
         self.catalog = catalog
         self.quotas: dict[str, TenantQuota] = {}
         """Each tenant's quota (the `usage` bucket), by tenant id."""
@@ -139,7 +141,7 @@ class Book:
         """The endpoint each running workload's route was last written with."""
         self.changes = Changes()
         self._ever_fits: dict[Demand, bool] = {}
-        self._ever_fits_trusted: dict[tuple[Demand, str], bool] = {}
+        self._ever_fits_trusted: dict[tuple[Demand, str, str | None], bool] = {}
 
     def begin(self) -> Changes:
         """Start a cycle: later primitives record into a fresh `Changes`."""
@@ -159,6 +161,7 @@ class Book:
     def machine_changed(self, machine: Machine) -> None:
         """Its inventory, liveness or settling changed: re-file it and recheck the queue."""
         machine.gpus_by_class = gpus_by_class(machine.inventory, self.catalog)
+        machine.lent_gpus_by_class = lent_gpus_by_class(machine)
         self.index.update(machine)
         self._ever_fits.clear()
         self._ever_fits_trusted.clear()
@@ -214,13 +217,17 @@ class Book:
             self.changes.capacity_freed = True
 
     def ever_fits(self, demand: Demand) -> bool:
+        """Whether some machine of the region, emptied, would hold `demand` with all of its
+        inventory (what its owner lends aside: `ever_fits_for` counts that)."""
         if demand not in self._ever_fits:
-            self._ever_fits[demand] = could_ever_fit(self.machines.values(), demand)
+            self._ever_fits[demand] = could_ever_fit(self.machines.values(), demand, lent=False)
         return self._ever_fits[demand]
 
     def may_run(self, machine: Machine, workload: Workload) -> bool:
         """The trust filter: may `machine` take this workload's tenant (trust.py)."""
-        return trust.may_run(machine, workload.tenant_id, self.owner_tenant, self.community_pool)
+        return trust.may_run(
+            machine, workload.tenant_id, self.owner_tenant, self.community_pool, workload.user_id
+        )
 
     def recent_use(self, tenant_id: str) -> float:
         """The tenant's decayed recent GPU-hours (fair share's U; 0 with none reported)."""
@@ -257,20 +264,33 @@ class Book:
         }
 
     def ever_fits_for(self, workload: Workload, demand: Demand) -> bool:
-        """Whether some machine this workload may use would hold it, emptied."""
-        key = (demand, workload.tenant_id)
+        """Whether some machine this workload may use would hold it, emptied, within what its
+        owner lends."""
+        key = (demand, workload.tenant_id, workload.user_id)
         if key not in self._ever_fits_trusted:
             allowed = [m for m in self.machines.values() if self.may_run(m, workload)]
             self._ever_fits_trusted[key] = could_ever_fit(allowed, demand)
         return self._ever_fits_trusted[key]
 
     def distrusted_fits(self, workload: Workload, demand: Demand) -> list[str]:
-        """Why each machine that would hold the workload, emptied, may not take its tenant."""
-        return [
-            trust.why_not(m, workload.tenant_id, self.owner_tenant, self.community_pool)
-            for m in sorted(self.machines.values(), key=lambda m: m.machine_id)
-            if not self.may_run(m, workload) and could_ever_fit([m], demand)
-        ]
+        """Why each machine that would hold the workload, emptied, with all of its inventory,
+        does not take it: it may not take its tenant, or its owner lends too little of it."""
+        found = []
+        for m in sorted(self.machines.values(), key=lambda m: m.machine_id):
+            if not self.may_run(m, workload):
+                if could_ever_fit([m], demand, lent=False):
+                    found.append(
+                        trust.why_not(
+                            m,
+                            workload.tenant_id,
+                            self.owner_tenant,
+                            self.community_pool,
+                            workload.user_id,
+                        )
+                    )
+            elif (short := reasons.lend_too_small(m, demand)) is not None:
+                found.append(short)
+        return found
 
     # --- workloads --------------------------------------------------------------------------
 

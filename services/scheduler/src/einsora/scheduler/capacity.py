@@ -6,6 +6,10 @@ devices. The rule that chooses among fitting machines is best fit (ADR-0003): th
 with the fewest free devices of the class (or the fewest free cores), so whole machines stay
 free for large requests.
 
+Only what a machine's owner lends is given (its `lend`: some GPUs by uuid, at most so many
+cores and so much memory in total, the owner's own workloads included); the rest stays the
+owner's. Free capacity is counted within the lend, so a narrowed machine is filed smaller.
+
 `CapacityIndex` keeps placeable machines bucketed by free capacity, so a placement among a
 thousand machines looks at a handful of them, not all.
 """
@@ -77,17 +81,28 @@ def gpus_by_class(inventory: Inventory, catalog: Catalog) -> dict[str, list[str]
     return catalog.devices_by_class(inventory)
 
 
+def lent_gpus_by_class(machine: Machine) -> dict[str, list[str]]:
+    """`machine.gpus_by_class` narrowed to the GPUs its owner lends."""
+    if machine.lend is None or machine.lend.gpus is None:
+        return machine.gpus_by_class
+    return {
+        class_name: [uuid for uuid in uuids if machine.lends_gpu(uuid)]
+        for class_name, uuids in machine.gpus_by_class.items()
+    }
+
+
 def free_gpus(machine: Machine, class_name: str) -> list[str]:
     booked = machine.booked_gpus()
-    return [uuid for uuid in machine.gpus_by_class.get(class_name, []) if uuid not in booked]
+    return [uuid for uuid in machine.lent_gpus_by_class.get(class_name, []) if uuid not in booked]
 
 
 def free_cpus(machine: Machine) -> float:
-    return machine.inventory.cpus - machine.used_cpus()
+    """Lent cores not booked (below zero while a narrowing waits for guests to leave)."""
+    return machine.lent_cpus - machine.used_cpus()
 
 
 def free_memory_mib(machine: Machine) -> int:
-    return machine.inventory.memory_mib - machine.used_memory_mib()
+    return machine.lent_memory_mib - machine.used_memory_mib()
 
 
 def serves(machine: Machine, demand: Demand) -> bool:
@@ -109,20 +124,22 @@ def fit(machine: Machine, demand: Demand) -> Grant | None:
     return Grant(machine.machine_id, cpus=demand.cpus, memory_mib=demand.memory_mib)
 
 
-def could_ever_fit(machines: Iterable[Machine], demand: Demand) -> bool:
-    """Whether some machine of the region, emptied, would hold `demand`."""
-    for machine in machines:
-        if not serves(machine, demand):
-            continue
-        if demand.gpu:
-            if len(machine.gpus_by_class.get(demand.class_name, [])) >= demand.count:
-                return True
-        elif (
-            machine.inventory.cpus >= demand.cpus
-            and machine.inventory.memory_mib >= demand.memory_mib
-        ):
-            return True
-    return False
+def holds_emptied(machine: Machine, demand: Demand, *, lent: bool = True) -> bool:
+    """Whether `machine`, emptied, would hold `demand`: within its lend, or (`lent` False) with
+    all of its inventory."""
+    if not serves(machine, demand):
+        return False
+    if demand.gpu:
+        devices = machine.lent_gpus_by_class if lent else machine.gpus_by_class
+        return len(devices.get(demand.class_name, [])) >= demand.count
+    cpus = machine.lent_cpus if lent else machine.inventory.cpus
+    memory_mib = machine.lent_memory_mib if lent else machine.inventory.memory_mib
+    return cpus >= demand.cpus and memory_mib >= demand.memory_mib
+
+
+def could_ever_fit(machines: Iterable[Machine], demand: Demand, *, lent: bool = True) -> bool:
+    """Whether some machine of the region, emptied, would hold `demand` (see `holds_emptied`)."""
+    return any(holds_emptied(machine, demand, lent=lent) for machine in machines)
 
 
 class CapacityIndex:
@@ -143,7 +160,7 @@ class CapacityIndex:
             return
         booked = machine.booked_gpus()
         at: dict[str, int] = {}
-        for class_name, uuids in machine.gpus_by_class.items():
+        for class_name, uuids in machine.lent_gpus_by_class.items():
             free = sum(1 for uuid in uuids if uuid not in booked)
             at[class_name] = free
             buckets = self._gpu.setdefault(class_name, {})

@@ -188,6 +188,11 @@ class Engine:
         # Quotas and usage come from the bus, not the store: the mirror does not send them again.
         self.book.quotas, self.book.usage = old.quotas, old.usage
         self.reader.forget_reports()
+        # What the bus said of each machine's enrolment (owner, guests, lend) holds for the
+        # rebuilt book at once: no cycle may place on a lend or a sharing it forgot.
+        now = time.monotonic()
+        for machine_id, enrolment in list(self.reader.enrolments.items()):
+            self.reader.apply_enrolment(self.book, machine_id, enrolment, now)
         self.projector.events = list(snapshot.outbox)
         self.projector.writing.clear()  # no projection is in flight at a (re)load
 

@@ -67,6 +67,7 @@ def _create(book: Book, intent: WorkloadIntent, request_id: str | None) -> None:
     workload = Workload(
         workload_id=intent.workload_id,
         tenant_id=intent.tenant_id,
+        user_id=intent.user_id,
         region=book.region,
         kind=intent.kind,
         name=intent.name,

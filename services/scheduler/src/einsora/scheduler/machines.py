@@ -214,7 +214,8 @@ class MachineReader:
 
 def _take_enrolment(book: Book, machine: Machine, enrolment: Enrolment) -> None:
     """What placement reads of a machine's enrolment: how it is reached, whose it is, who else
-    may use it. A change of who may use it is re-filed like a change of capacity."""
+    may use it, and what its owner lends of it. A change of who may use it, or of the lend, is
+    re-filed like a change of capacity."""
     machine.tunnel = enrolment.tunnel
     machine.enrolled = True
     machine.reclaim_grace_s = enrolment.reclaim_grace_s
@@ -223,15 +224,26 @@ def _take_enrolment(book: Book, machine: Machine, enrolment: Enrolment) -> None:
         enrolment.owner_tenant_id,
         enrolment.sharing,
         frozenset(enrolment.guests),
+        frozenset(enrolment.guest_users),
         enrolment.reclaimed_at,
+        None if enrolment.lend is None or enrolment.lend.everything else enrolment.lend,
     )
-    now = (machine.owner_tenant, machine.sharing, machine.guests, machine.enrolment_reclaimed_at)
+    now = (
+        machine.owner_tenant,
+        machine.sharing,
+        machine.guests,
+        machine.guest_users,
+        machine.enrolment_reclaimed_at,
+        machine.lend,
+    )
     if now != sharing:
         (
             machine.owner_tenant,
             machine.sharing,
             machine.guests,
+            machine.guest_users,
             machine.enrolment_reclaimed_at,
+            machine.lend,
         ) = sharing
         book.machine_changed(machine)
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from einsora.common.schemas import (
     Inventory,
+    Lend,
     Resources,
     SharingLevel,
     Target,
@@ -83,6 +84,8 @@ class Machine:
     """After coming back, no new work lands here until it has applied this generation."""
     gpus_by_class: dict[str, list[str]] = field(default_factory=dict)
     """Healthy GPU uuids by catalog class, in device order (derived from the inventory)."""
+    lent_gpus_by_class: dict[str, list[str]] = field(default_factory=dict)
+    """Those of them its owner lends (`lend`): the only ones given to workloads."""
     revoked: bool = False
     """Its enrolment was revoked: it takes no work and its reports are ignored, for good."""
     tunnel: bool = False
@@ -91,6 +94,9 @@ class Machine:
     """Its owner's tenant (from its enrolment); None: the cell's (`machine_owner_tenant`)."""
     sharing: SharingLevel = SharingLevel.private
     guests: frozenset[str] = frozenset()
+    guest_users: frozenset[str] = frozenset()
+    """Users (ids) invited to use it, whatever their tenant: theirs count like a guest
+    tenant's, while the machine is not private."""
     """Tenants invited to use it (counted while it is not private)."""
     enrolled: bool = False
     """Its enrolment has been read since the book was built: until then who owns it, and who
@@ -100,6 +106,8 @@ class Machine:
     enrolment_reclaimed_at: datetime | None = None
     """When its owner reclaimed it through the api (its enrolment); the agent's own reclaim is
     `inventory.reclaimed_at`. Both from the bus, in memory only."""
+    lend: Lend | None = None
+    """What its owner lends of its inventory (its enrolment; None: all of it)."""
 
     @property
     def reclaimed_at(self) -> datetime | None:
@@ -116,6 +124,22 @@ class Machine:
             and self.liveness is Liveness.alive
             and self.observed_generation >= self.settle_generation
         )
+
+    @property
+    def lent_cpus(self) -> float:
+        """The cores workloads may have here in total: the inventory's, or fewer if lent so."""
+        cpus = float(self.inventory.cpus)
+        return cpus if self.lend is None or self.lend.cpus is None else min(cpus, self.lend.cpus)
+
+    @property
+    def lent_memory_mib(self) -> int:
+        """The memory workloads may have here in total: the inventory's, or less if lent so."""
+        memory = self.inventory.memory_mib
+        lent = None if self.lend is None else self.lend.memory_mib
+        return memory if lent is None else min(memory, lent)
+
+    def lends_gpu(self, uuid: str) -> bool:
+        return self.lend is None or self.lend.gpus is None or uuid in self.lend.gpus
 
     def booked_gpus(self) -> set[str]:
         return {uuid for row in self.rows.values() for uuid in row.gpus}
@@ -147,6 +171,8 @@ class Workload:
     created_at: datetime
     name: str = ""
     """Its name; an endpoint's is the model name the gateway routes by."""
+    user_id: str | None = None
+    """The user who launched it: a machine invitation may name a user (trust.py)."""
     reason: str = ""
     machine_id: str | None = None
     seq: int = 0

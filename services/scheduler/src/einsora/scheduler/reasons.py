@@ -6,7 +6,10 @@ built here only, so their wording stays consistent and is easy to review.
 
 from __future__ import annotations
 
-from einsora.scheduler.capacity import Demand
+from enum import StrEnum
+
+from einsora.scheduler.capacity import Demand, holds_emptied
+from einsora.scheduler.model import Machine
 
 MACHINE_LOST = "machine lost"
 """Every failure because a machine stopped reporting starts with these words."""
@@ -63,6 +66,29 @@ def never_fits(region: str, demand: Demand, largest: int) -> str:
         f"no machine in region {region} has {_what(demand)} in total; it waits until a "
         "larger machine joins, or launch it with a smaller class or count"
     )
+
+
+OWNER_LENDS = ": its owner lends "
+"""In every note that says a machine would hold a workload but for what its owner lends."""
+
+
+def lend_too_small(machine: Machine, demand: Demand) -> str | None:
+    """`machine` would hold `demand` emptied with all of its inventory, but not within what its
+    owner lends (e.g. "m-1: its owner lends 4 of 8 cores"); None when the lend is not why."""
+    if holds_emptied(machine, demand) or not holds_emptied(machine, demand, lent=False):
+        return None
+    if demand.gpu:
+        lent = len(machine.lent_gpus_by_class.get(demand.class_name, []))
+        total = len(machine.gpus_by_class.get(demand.class_name, []))
+        short = [f"{lent} of {total} {demand.class_name}"]
+    else:
+        short = []
+        if machine.lent_cpus < demand.cpus:
+            short.append(f"{machine.lent_cpus:g} of {machine.inventory.cpus} cores")
+        if machine.lent_memory_mib < demand.memory_mib:
+            lent_gib = _gib(machine.lent_memory_mib).removesuffix(" GiB")
+            short.append(f"{lent_gib} of {_gib(machine.inventory.memory_mib)} of memory")
+    return f"{machine.machine_id}{OWNER_LENDS}{' and '.join(short)}"
 
 
 def runtime_missing(region: str, demand: Demand) -> str:
@@ -177,21 +203,44 @@ OWNER_RECLAIMED = "owner reclaimed the machine"
 """Every preemption because the owner reclaimed a machine starts with these words."""
 NO_LONGER_SHARED = "the machine is no longer shared with your tenant"
 """Every preemption because a machine was made private or an invitation revoked starts so."""
+NO_LONGER_LENT = "the machine's owner no longer lends what it holds"
+"""Every preemption because the owner narrowed what it lends starts with these words."""
 
 
-def preempting(machine_id: str, reclaimed: bool, at: str) -> str:
+class Preemption(StrEnum):
+    """Why a guest's workload must leave a machine (ADR-0017)."""
+
+    reclaimed = "reclaimed"
+    unshared = "unshared"
+    unlent = "unlent"
+
+
+def preempting(machine_id: str, why: Preemption, at: str) -> str:
     """`at`: when it will be preempted (HH:MM:SS UTC), after the grace and its minimum runtime."""
-    why = (
-        f"the owner reclaimed {machine_id}"
-        if reclaimed
-        else f"{machine_id} is no longer shared with your tenant"
-    )
-    return f"{why}; preempted at {at} UTC unless released"
-
-
-def preempted(machine_id: str, reclaimed: bool) -> str:
-    why = OWNER_RECLAIMED if reclaimed else NO_LONGER_SHARED
+    if why is Preemption.reclaimed:
+        return f"the owner reclaimed {machine_id}; preempted at {at} UTC unless released"
+    if why is Preemption.unshared:
+        return (
+            f"{machine_id} is no longer shared with your tenant; preempted at {at} UTC unless "
+            "released"
+        )
     return (
-        f"{why} ({machine_id}); it was stopped there and its devices released; resume it to "
+        f"{machine_id}'s owner no longer lends what it holds; preempted at {at} UTC unless the "
+        "owner lends it again"
+    )
+
+
+def lent_again(machine_id: str) -> str:
+    return f"{machine_id}'s owner lends enough again; it is no longer preempted"
+
+
+def preempted(machine_id: str, why: Preemption) -> str:
+    words = {
+        Preemption.reclaimed: OWNER_RECLAIMED,
+        Preemption.unshared: NO_LONGER_SHARED,
+        Preemption.unlent: NO_LONGER_LENT,
+    }[why]
+    return (
+        f"{words} ({machine_id}); it was stopped there and its devices released; resume it to "
         "place it on another machine"
     )

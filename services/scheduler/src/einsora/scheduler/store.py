@@ -237,6 +237,7 @@ def _workload_values(w: Workload) -> dict[str, Any]:
     return {
         "workload_id": w.workload_id,
         "tenant_id": w.tenant_id,
+        "user_id": w.user_id,
         "region": w.region,
         "kind": w.kind.value,
         "name": w.name,
@@ -331,6 +332,7 @@ def _workload(r: Any) -> Workload:
     return Workload(
         workload_id=r.workload_id,
         tenant_id=r.tenant_id,
+        user_id=r.user_id,
         region=r.region,
         kind=WorkloadKind(r.kind),
         name=r.name,

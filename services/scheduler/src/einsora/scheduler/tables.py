@@ -34,6 +34,7 @@ workloads = sa.Table(
     metadata,
     sa.Column("workload_id", sa.String(64), primary_key=True),
     sa.Column("tenant_id", sa.String(64), nullable=False),
+    sa.Column("user_id", sa.String(64), nullable=True),
     sa.Column("region", sa.String(64), nullable=False),
     sa.Column("kind", sa.String(16), nullable=False),
     sa.Column("name", sa.String(128), nullable=False, server_default=""),

@@ -1,8 +1,9 @@
 """The trust matrix: who may use a machine, and with which isolation (issues 9, 15).
 
 A workload's trust level on a machine comes from the machine's enrolment and the workload's
-tenant: **owner** (the machine's owner's tenant), **invited** (a tenant whose invitation the
-owner made and it accepted, while the machine is not private) or **community** (any tenant, on
+tenant and user: **owner** (the machine's owner's tenant), **invited** (a tenant, or the user
+who launched it, whose invitation the owner made and the guest accepted, while the machine is
+not private) or **community** (any tenant, on
 a machine shared with the community of an instance whose operator runs a community pool).
 Anyone else may not use the machine at all. Weak isolation (the `process` driver: a process on
 the host's kernel) runs the owner's own workloads only; guests, invited or community, need a
@@ -18,6 +19,7 @@ from enum import StrEnum
 from einsora.common.isolation import DRIVER_ISOLATION, Isolation, has_strong_driver
 from einsora.common.schemas import SharingLevel
 from einsora.scheduler.model import Machine
+from einsora.scheduler.reasons import OWNER_LENDS
 
 
 class Trust(StrEnum):
@@ -27,21 +29,34 @@ class Trust(StrEnum):
 
 
 def trust_level(
-    machine: Machine, tenant_id: str, cell_owner: str | None, community_pool: bool
+    machine: Machine,
+    tenant_id: str,
+    cell_owner: str | None,
+    community_pool: bool,
+    user_id: str | None = None,
 ) -> Trust | None:
-    """The tenant's trust level on `machine`; None: it may not use the machine."""
+    """The trust level on `machine` of a workload of `tenant_id` launched by `user_id`; None:
+    it may not use the machine."""
     if tenant_id == (machine.owner_tenant or cell_owner):
         return Trust.owner
-    if machine.sharing is not SharingLevel.private and tenant_id in machine.guests:
+    if machine.sharing is not SharingLevel.private and (
+        tenant_id in machine.guests or (user_id is not None and user_id in machine.guest_users)
+    ):
         return Trust.invited
     if machine.sharing is SharingLevel.community and community_pool:
         return Trust.community
     return None
 
 
-def may_run(machine: Machine, tenant_id: str, cell_owner: str | None, community_pool: bool) -> bool:
-    """Whether `machine` may take a workload of `tenant_id` (the matrix above)."""
-    level = trust_level(machine, tenant_id, cell_owner, community_pool)
+def may_run(
+    machine: Machine,
+    tenant_id: str,
+    cell_owner: str | None,
+    community_pool: bool,
+    user_id: str | None = None,
+) -> bool:
+    """Whether `machine` may take a workload of `tenant_id` by `user_id` (the matrix above)."""
+    level = trust_level(machine, tenant_id, cell_owner, community_pool, user_id)
     if level is None:
         return False
     if level is Trust.owner:
@@ -50,12 +65,18 @@ def may_run(machine: Machine, tenant_id: str, cell_owner: str | None, community_
     return machine.reclaimed_at is None and has_strong_driver(machine.inventory.drivers)
 
 
-def why_not(machine: Machine, tenant_id: str, cell_owner: str | None, community_pool: bool) -> str:
-    """Why `machine` may not take the tenant's workload, for its placement note."""
-    if trust_level(machine, tenant_id, cell_owner, community_pool) is None:
+def why_not(
+    machine: Machine,
+    tenant_id: str,
+    cell_owner: str | None,
+    community_pool: bool,
+    user_id: str | None = None,
+) -> str:
+    """Why `machine` may not take the workload, for its placement note."""
+    if trust_level(machine, tenant_id, cell_owner, community_pool, user_id) is None:
         if machine.sharing is SharingLevel.community and not community_pool:
             return f"{machine.machine_id}: shared with a community pool this instance does not run"
-        return f"{machine.machine_id}: not shared with your tenant"
+        return f"{machine.machine_id}: not shared with your tenant or you"
     if machine.reclaimed_at is not None:
         return f"{machine.machine_id}: reclaimed by its owner"
     drivers = machine.inventory.drivers
@@ -64,9 +85,23 @@ def why_not(machine: Machine, tenant_id: str, cell_owner: str | None, community_
 
 
 def refusal(reasons: list[str]) -> str:
-    """The timeline's sentence when only trust keeps a workload off the machines that fit it."""
+    """The timeline's sentence when only trust, or what owners lend, keeps a workload off the
+    machines that would hold it (each reason names a machine: `why_not`, or
+    `reasons.lend_too_small`, whose words contain `OWNER_LENDS`)."""
     shown = "; ".join(reasons[:3])
     more = f"; and {len(reasons) - 3} more" if len(reasons) > 3 else ""
+    lend = [OWNER_LENDS in r for r in reasons]
+    if lend and all(lend):
+        return (
+            f"machines that could hold it are not lent to Einsora whole: {shown}{more}; it "
+            "waits until an owner lends more, or launch it with a smaller class or count"
+        )
+    if any(lend):
+        return (
+            f"machines that could hold it may not take it: {shown}{more}; it waits for one "
+            "that may (a machine of your own, or one shared with you that isolates guests "
+            "strongly), or for an owner to lend more"
+        )
     return (
         f"machines that could hold it may not take it: {shown}{more}; it waits for one that "
         "may (a machine of your own, or one shared with you that isolates guests strongly)"

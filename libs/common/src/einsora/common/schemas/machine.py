@@ -150,6 +150,43 @@ class SharingLevel(StrEnum):
     community = "community"
 
 
+class Lend(Message):
+    """What a machine's owner lends Einsora of its inventory; the rest stays the owner's.
+
+    A field left None lends all of that resource: all its cores, all its memory, every GPU.
+    The scheduler gives workloads at most this, the owner's own included (ADR-0017).
+    """
+
+    cpus: float | None = Field(default=None, gt=0)
+    """Cores Einsora may use in total, at most the inventory's."""
+    memory_mib: int | None = Field(default=None, gt=0)
+    """Memory Einsora may use in total, at most the inventory's."""
+    gpus: list[str] | None = None
+    """The GPUs (by uuid) Einsora may use; `[]`: none of them."""
+
+    @property
+    def everything(self) -> bool:
+        return self.cpus is None and self.memory_mib is None and self.gpus is None
+
+    def usable(self, inventory: Inventory) -> Resources:
+        """The inventory narrowed by this lend: what Einsora may give workloads there now
+        (healthy GPUs only; a lent uuid the machine does not report is not there to give)."""
+        lent = None if self.gpus is None else set(self.gpus)
+        return Resources(
+            gpus=[
+                g.uuid
+                for g in sorted(inventory.gpus, key=lambda g: g.index)
+                if g.health is GpuHealth.ok and (lent is None or g.uuid in lent)
+            ],
+            cpus=inventory.cpus if self.cpus is None else min(float(inventory.cpus), self.cpus),
+            memory_mib=(
+                inventory.memory_mib
+                if self.memory_mib is None
+                else min(inventory.memory_mib, self.memory_mib)
+            ),
+        )
+
+
 class Enrolment(Message):
     """`enrolments/<machine>`: what the control plane decided when the machine joined.
 
@@ -165,6 +202,9 @@ class Enrolment(Message):
     guests: list[str] = Field(default_factory=list)
     """Tenants invited to use it (accepted, not revoked); they count while `sharing` is not
     private."""
+    guest_users: list[str] = Field(default_factory=list)
+    """Users (ids) invited to use it, whatever tenant they launch in (accepted, not revoked);
+    they count like `guests`."""
     tunnel: bool = False
     """Its workloads are reached through the tunnel its agent dials (it accepts no inbound
     connection); False: directly at the address the agent reports (Solo, the same host)."""
@@ -176,6 +216,8 @@ class Enrolment(Message):
     """A guest's workload is never preempted before it has run this long."""
     reclaimed_at: datetime | None = None
     """When its owner reclaimed it through the api (None: not reclaimed, or released)."""
+    lend: Lend | None = None
+    """What Einsora may use of its inventory; None: all of it (as before there was a lend)."""
     enrolled_at: datetime = Field(default_factory=utcnow)
     revoked_at: datetime | None = None
 

@@ -69,6 +69,9 @@ class WorkloadIntent(Message):
     kind: WorkloadKind
     name: str = ""
     """The workload's name; an endpoint's is its model name (the gateway routes by it)."""
+    user_id: str | None = None
+    """The user who launched it (a machine invitation may name a user, not a tenant: the
+    scheduler decides such a guest's trust by it). None in intents from before."""
     class_name: str = Field(alias="class")
     count: int = Field(default=1, ge=1)
     spec: dict[str, Any] = Field(default_factory=dict)

@@ -1,6 +1,7 @@
-"""`PATCH /v1/machines/{id}`, `/v1/machines/{id}/{reclaim,release}`,
-`/v1/machines/{id}/invitations` and `/v1/machine-invitations`: a machine's sharing level, its
-owner's reclaim, and the invitations its owner makes and guests accept.
+"""`GET` and `PATCH /v1/machines/{id}`, `/v1/machines/{id}/{reclaim,release}`,
+`/v1/machines/{id}/invitations` and `/v1/machine-invitations`: one machine, its sharing level
+and what its owner lends, its owner's reclaim, and the invitations its owner makes and guests
+accept.
 
 Every change is committed, then its machine's `Enrolment` (guests included) is put to the
 `enrolments` bucket before the answer, so the scheduler knows it first.
@@ -25,6 +26,8 @@ from einsora.api.deps import (
     operation_id,
     reply,
 )
+from einsora.api.errors import NotFound
+from einsora.api.machines import MachineRecord
 from einsora.api.routers.machines import MachineId, enrolments_of
 from einsora.api.schemas.catalog import MachineOut
 from einsora.api.schemas.common import PageQuery
@@ -55,8 +58,9 @@ async def _put(request: Request, enrolment: Enrolment) -> None:
 
 @router.patch(
     "/v1/machines/{id:machine_id}",
-    summary="Set a machine's sharing level: `private`, `invite-only` or `community` (an admin "
-    "of its owner tenant, or the operator)",
+    summary="Set a machine's sharing level (`private`, `invite-only` or `community`), its "
+    "reclaim terms, or what its owner lends Einsora of it (an admin of its owner tenant, or "
+    "the operator)",
     response_model=MachineOut,
     responses=errors(*AUTH_ERRORS, *BODY_ERRORS, 403, 404, 409),
 )
@@ -68,8 +72,14 @@ async def share_machine(
 ) -> Response:
     store = call.ctx.store
     pool = call.ctx.settings.community_pool
+    record = _record(call, machine_id)
     enrolment = await machine_sharing.set_sharing(
-        store, call.me, machine_id, body, community_pool=pool
+        store,
+        call.me,
+        machine_id,
+        body,
+        community_pool=pool,
+        inventory=None if record is None else record.inventory,
     )
     await _put(request, enrolment)
     log.info(
@@ -79,10 +89,30 @@ async def share_machine(
     return reply(await _shown(call, enrolment))
 
 
+def _record(call: Me, machine_id: str) -> MachineRecord | None:
+    """What the machines view knows of the machine (its inventory among it), if anything."""
+    return next((r for r in call.ctx.machines.snapshot() if r.machine_id == machine_id), None)
+
+
 async def _shown(call: Me, enrolment: Enrolment) -> MachineOut:
-    records = call.ctx.machines.snapshot()
-    record = next((r for r in records if r.machine_id == enrolment.machine_id), None)
+    record = _record(call, enrolment.machine_id)
     return await machine_sharing.shown_machine(call.ctx.store, call.me, enrolment, record)
+
+
+@router.get(
+    "/v1/machines/{id:machine_id}",
+    summary="One machine you may use, as `/v1/machines` lists it: its enrolment (the lend and "
+    "what is usable now among it), inventory and last heartbeat",
+    response_model=MachineOut,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS, 404),
+)
+async def get_machine(call: Me, machine_id: MachineId) -> Response:
+    pool = call.ctx.settings.community_pool
+    record = _record(call, machine_id)
+    seen = [] if record is None else machine_sharing.visible([record], call.me, community_pool=pool)
+    if not seen:
+        raise NotFound(f"no machine {machine_id!r}")
+    return reply(await machine_sharing.listed_machine(call.ctx.store, call.me, seen[0]))
 
 
 @router.post(

@@ -8,6 +8,7 @@ only in `JoinReply`; the store keeps their SHA-256.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
 
 from pydantic import BaseModel, Field
 
@@ -105,6 +106,26 @@ class MachineSelf(BaseModel):
 _OWNERS_ONLY = "null unless your tenant owns the machine (or you are the operator)"
 
 
+class MachineLend(BaseModel):
+    """What the machine's owner lends Einsora of its inventory (the rest stays the owner's);
+    a null field lends all of that resource."""
+
+    cpus: float | None = Field(description="cores Einsora may use in total; null: all")
+    memory_mib: int | None = Field(description="memory Einsora may use in total; null: all")
+    gpus: list[str] | None = Field(
+        description="the GPUs Einsora may use, by uuid (`[]`: none); null: every GPU"
+    )
+
+
+class MachineUsable(BaseModel):
+    """What Einsora may give workloads on the machine now: its inventory narrowed by the lend
+    (healthy GPUs only)."""
+
+    cpus: float
+    memory_mib: int
+    gpus: list[str] = Field(description="GPU uuids")
+
+
 class MachineEnrolment(BaseModel):
     """A machine's enrolment as `/v1/machines` shows it. Its owner's tenant and the operator see
     all of it; a guest or a community user sees the owner's tenant name and the sharing level,
@@ -130,6 +151,14 @@ class MachineEnrolment(BaseModel):
         default=None,
         description="since when its owner reclaims it through the api (guests are preempted "
         "and none is placed there until it is released); null: not reclaimed",
+    )
+    lend: MachineLend | None = Field(
+        default=None,
+        description="what its owner lends Einsora of it; null: all of its inventory",
+    )
+    usable: MachineUsable | None = Field(
+        default=None,
+        description="its inventory narrowed by the lend; null: no inventory reported yet",
     )
     enrolled_at: datetime
     revoked_at: datetime | None
@@ -157,9 +186,30 @@ MAX_RECLAIM_S = 7 * 24 * 3600.0
 """The longest grace or minimum runtime an owner may set: a week."""
 
 
+MAX_LENT_GPUS = 256
+"""The most GPU uuids a lend may name (more than any machine has)."""
+
+
+class LendUpdate(RequestBody):
+    """What the owner lends, as a merge patch: a field given is set, a field given as null
+    lends all of that resource again, a field left out is kept."""
+
+    cpus: float | None = Field(
+        default=None, gt=0, description="cores Einsora may use in total (at most the machine's)"
+    )
+    memory_mib: int | None = Field(
+        default=None, gt=0, description="MiB Einsora may use in total (at most the machine's)"
+    )
+    gpus: list[Annotated[str, Field(min_length=1, max_length=128)]] | None = Field(
+        default=None,
+        max_length=MAX_LENT_GPUS,
+        description="the GPU uuids Einsora may use, each one of the machine's (`[]`: none)",
+    )
+
+
 class SharingUpdate(RequestBody):
-    """`PATCH /v1/machines/{id}`: who may use the machine besides its owner's tenant, and how
-    a reclaim treats them (give at least one field)."""
+    """`PATCH /v1/machines/{id}`: who may use the machine besides its owner's tenant, how a
+    reclaim treats them, and what Einsora may use of it (give at least one field)."""
 
     sharing: SharingLevel | None = Field(
         default=None,
@@ -181,25 +231,44 @@ class SharingUpdate(RequestBody):
         description="seconds a guest's workload runs at least before a reclaim may preempt it "
         "(default 600)",
     )
+    lend: LendUpdate | None = Field(
+        default=None,
+        description="what Einsora may use of the machine (the rest stays the owner's), merged "
+        "into the current lend; null: all of it again. Guests that no longer fit are "
+        "preempted after the grace and their minimum runtime; the owner's own workloads run on",
+    )
 
 
 class MachineInvitationCreate(RequestBody):
-    """`POST /v1/machines/{id}/invitations`: invite a tenant to use the machine."""
+    """`POST /v1/machines/{id}/invitations`: invite a tenant, or one user, to use the machine
+    (exactly one of `tenant` and `user`)."""
 
-    tenant: str = Field(
-        min_length=1, max_length=64, description="the guest tenant's name or id (`t-…`)"
+    tenant: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="the guest tenant's name or id (`t-…`); its admins accept",
+    )
+    user: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="the guest user's username; they accept, and their workloads may use the "
+        "machine whatever tenant they launch in",
     )
 
 
 class MachineInvitationOut(BaseModel):
-    """An invitation of a tenant to use a machine. Accepted (and not revoked), it lets the
-    guest tenant use the machine while the machine's sharing is not `private`; the scheduler
+    """An invitation of a tenant or a user to use a machine. Accepted (and not revoked), it
+    lets the guest use the machine while the machine's sharing is not `private`; the scheduler
     applies that rule, so an owner may invite ahead and share later."""
 
     id: str
     machine_id: str
-    tenant_id: str = Field(description="the guest tenant")
-    tenant_name: str
+    tenant_id: str | None = Field(description="the guest tenant (null: a user is invited)")
+    tenant_name: str | None
+    user_id: str | None = Field(description="the guest user (null: a tenant is invited)")
+    username: str | None
     owner_tenant_name: str = Field(description="the machine owner's tenant, who invited")
     created_at: datetime
     accepted_at: datetime | None

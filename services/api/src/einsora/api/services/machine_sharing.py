@@ -1,16 +1,17 @@
 """Sharing machines: the sharing level, machine invitations, and who may see which machine.
 
 A machine's owner (its owner tenant's admins, or the operator) sets its sharing level and
-invites other tenants; a guest tenant's admin accepts. An accepted, unrevoked invitation makes
-the tenant one of the machine's `guests` in its `Enrolment`, which the routes put to the
-`enrolments` bucket after each commit; the scheduler decides from it (guests count only while
-the sharing is not private), never from this module.
+invites other tenants, or single users; a guest tenant's admin, or the guest user, accepts. An
+accepted, unrevoked invitation makes the tenant one of the machine's `guests` (the user one of
+its `guest_users`: their workloads, in whatever tenant) in its `Enrolment`, which the routes
+put to the `enrolments` bucket after each commit; the scheduler decides from it (guests count
+only while the sharing is not private), never from this module.
 
 Tenant isolation: a machine is visible to its owner's tenant, to the operator, to its guests
-while it is shared, and to everyone while it is `community` on an instance that runs a
-community pool (elsewhere `community` counts as invite-only, as the scheduler counts it);
-anyone else is answered 404, as if it did not exist. A tenant that can see a machine but not
-manage it is answered 403.
+(tenants and users) while it is shared, and to everyone while it is `community` on an
+instance that runs a community pool (elsewhere `community` counts as invite-only, as the
+scheduler counts it); anyone else is answered 404, as if it did not exist. A tenant that can
+see a machine but not manage it is answered 403.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from einsora.api.pagination import keyset_page
 from einsora.api.schemas.catalog import MachineOut
 from einsora.api.schemas.common import PageQuery
 from einsora.api.schemas.machines import (
+    LendUpdate,
     MachineInvitationCreate,
     MachineInvitationOut,
     MachineInvitationPage,
@@ -40,12 +42,13 @@ from einsora.api.schemas.machines import (
 from einsora.api.services import machines
 from einsora.api.store import Store
 from einsora.common.ids import is_id, new_id
-from einsora.common.schemas import Enrolment, SharingLevel, utcnow
+from einsora.common.schemas import Enrolment, Inventory, Lend, SharingLevel, utcnow
 from einsora.common.schemas.workload import TERMINAL_STATES
 
 _m = m.machines.c
 _i = m.machine_invitations.c
 _guest = m.tenants.alias("guest")
+_guest_user = m.users.alias("guest_user")
 _owner = m.tenants.alias("owner")
 
 
@@ -59,7 +62,7 @@ def may_see(enrolment: Enrolment, principal: Principal, *, community_pool: bool)
         return False
     if community_pool and enrolment.sharing is SharingLevel.community:
         return True
-    return principal.tenant_id in enrolment.guests
+    return principal.tenant_id in enrolment.guests or principal.user_id in enrolment.guest_users
 
 
 def may_manage(enrolment: Enrolment, principal: Principal) -> bool:
@@ -102,7 +105,9 @@ def machine_out(
         id=record.machine_id,
         region=record.region,
         inventory=record.inventory,
-        enrolment=None if enrolment is None else machines.shown(enrolment, viewer, owner_name),
+        enrolment=None
+        if enrolment is None
+        else machines.shown(enrolment, viewer, owner_name, record.inventory),
         heartbeat_at=record.heartbeat_at,
         workloads=workloads,
     )
@@ -113,13 +118,19 @@ async def shown_machine(
 ) -> MachineOut:
     """`enrolment` (just committed) with what the view knows of the machine, as listed."""
     record = dataclasses.replace(record or MachineRecord(enrolment.machine_id), enrolment=enrolment)
+    return await listed_machine(store, principal, record)
+
+
+async def listed_machine(store: Store, principal: Principal, record: MachineRecord) -> MachineOut:
+    """One machine the caller may see (`visible`), as `/v1/machines` lists it."""
     names = await owner_names(store, [record])
     count = (
         record.workload_count
         if principal.is_operator
         else await _own_count(store, principal, record.machine_id)
     )
-    return machine_out(record, principal, names.get(enrolment.owner_tenant_id), count)
+    owner = None if record.enrolment is None else names.get(record.enrolment.owner_tenant_id)
+    return machine_out(record, principal, owner, count)
 
 
 async def _own_count(store: Store, principal: Principal, machine_id: str) -> int:
@@ -165,23 +176,63 @@ async def set_sharing(
     body: SharingUpdate,
     *,
     community_pool: bool,
+    inventory: Inventory | None = None,
 ) -> Enrolment:
-    """Set the machine's sharing level, reclaim grace or guests' minimum runtime (those given),
-    committed: its enrolment now."""
+    """Set the machine's sharing level, reclaim grace, guests' minimum runtime or lend (those
+    given), committed: its enrolment now. `inventory`: the machine's latest, which a lend must
+    fit (None: not reported yet, so the scheduler narrows to what it has)."""
     values: dict[str, Any] = {
         field: value
         for field, value in body.model_dump(exclude_none=True, mode="json").items()
         if field in ("sharing", "reclaim_grace_s", "guest_min_runtime_s")
     }
-    if not values:
-        raise field_error("sharing", "give sharing, reclaim_grace_s or guest_min_runtime_s")
+    lending = "lend" in body.model_fields_set
+    if not values and not lending:
+        raise field_error("sharing", "give sharing, reclaim_grace_s, guest_min_runtime_s or lend")
+    if body.lend is not None and inventory is not None:
+        lend_fits(body.lend, inventory)
     async with store.write() as conn:
         enrolment = await _managed(conn, principal, machine_id, community_pool=community_pool)
         _live(enrolment)
+        if lending:
+            values |= machines.lend_columns(merged_lend(enrolment.lend, body.lend))
         await conn.execute(sa.update(m.machines).where(_m.id == machine_id).values(**values))
         now = await machines.enrolment_of(conn, machine_id)
     assert now is not None  # locked above
     return now
+
+
+def merged_lend(current: Lend | None, patch: LendUpdate | None) -> Lend | None:
+    """`patch` merged into the current lend (a merge patch: null lends all of a resource
+    again, a field left out is kept); None: all of the inventory."""
+    if patch is None:
+        return None
+    fields = (current or Lend()).model_dump(include={"cpus", "memory_mib", "gpus"})
+    for name in patch.model_fields_set:
+        value = getattr(patch, name)
+        # The same uuid twice lends it once.
+        fields[name] = list(dict.fromkeys(value)) if name == "gpus" and value else value
+    lend = Lend.model_validate(fields)
+    return None if lend.everything else lend
+
+
+def lend_fits(patch: LendUpdate, inventory: Inventory) -> None:
+    """A 422 naming the field when the lend asks for more than the machine has, or a GPU it
+    does not have."""
+    if patch.cpus is not None and patch.cpus > inventory.cpus:
+        raise field_error(
+            "lend.cpus", f"the machine has {inventory.cpus} cores, not {patch.cpus:g}"
+        )
+    if patch.memory_mib is not None and patch.memory_mib > inventory.memory_mib:
+        raise field_error(
+            "lend.memory_mib",
+            f"the machine has {inventory.memory_mib} MiB, not {patch.memory_mib}",
+        )
+    have = {g.uuid for g in inventory.gpus}
+    unknown = [uuid for uuid in patch.gpus or [] if uuid not in have]
+    if unknown:
+        named = ", ".join(repr(u) for u in unknown[:3])
+        raise field_error("lend.gpus", f"not a GPU of this machine: {named}")
 
 
 async def set_reclaimed(
@@ -218,12 +269,15 @@ def _select() -> sa.Select[tuple[Any, ...]]:
             _i.machine_id,
             _i.tenant_id,
             _guest.c.name.label("tenant_name"),
+            _i.user_id,
+            _guest_user.c.username,
             _owner.c.name.label("owner_tenant_name"),
             _i.created_at,
             _i.accepted_at,
             _i.revoked_at,
         )
-        .join(_guest, _guest.c.id == _i.tenant_id)
+        .outerjoin(_guest, _guest.c.id == _i.tenant_id)
+        .outerjoin(_guest_user, _guest_user.c.id == _i.user_id)
         .join(m.machines, _m.id == _i.machine_id)
         .join(_owner, _owner.c.id == _m.owner_tenant_id)
     )
@@ -242,14 +296,48 @@ async def _tenant_named(conn: AsyncConnection, name_or_id: str) -> str:
     return str(found)
 
 
+async def _user_named(conn: AsyncConnection, username: str) -> str:
+    """The id of the user with this username, or a 422 naming `user`."""
+    found = await conn.scalar(sa.select(m.users.c.id).where(m.users.c.username == username))
+    if found is None:
+        raise field_error("user", f"no user {username!r}")
+    return str(found)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Guest:
+    """Whom an invitation names: a tenant or a user (one of the two ids is set)."""
+
+    tenant_id: str | None = None
+    user_id: str | None = None
+
+    @property
+    def named(self) -> sa.ColumnElement[bool]:
+        if self.tenant_id is not None:
+            return _i.tenant_id == self.tenant_id
+        return _i.user_id == self.user_id
+
+
+async def _guest_of(
+    conn: AsyncConnection, body: MachineInvitationCreate, enrolment: Enrolment
+) -> _Guest:
+    if (body.tenant is None) == (body.user is None):
+        raise field_error("tenant", "give exactly one of tenant and user")
+    if body.tenant is not None:
+        tenant_id = await _tenant_named(conn, body.tenant)
+        if tenant_id == enrolment.owner_tenant_id:
+            raise field_error("tenant", "is the machine's owner tenant, which uses it already")
+        return _Guest(tenant_id=tenant_id)
+    assert body.user is not None
+    return _Guest(user_id=await _user_named(conn, body.user))
+
+
 async def _live_invitation(
-    conn: AsyncConnection, machine_id: str, tenant_id: str
+    conn: AsyncConnection, machine_id: str, guest: _Guest
 ) -> MachineInvitationOut | None:
     row = (
         await conn.execute(
-            _select().where(
-                _i.machine_id == machine_id, _i.tenant_id == tenant_id, _i.revoked_at.is_(None)
-            )
+            _select().where(_i.machine_id == machine_id, guest.named, _i.revoked_at.is_(None))
         )
     ).first()
     return None if row is None else _out(row)
@@ -264,17 +352,15 @@ async def invite(
     community_pool: bool,
     now: datetime | None = None,
 ) -> tuple[MachineInvitationOut, bool]:
-    """Invite a tenant to use the machine: the invitation, and whether it is new (False: the
-    tenant's live invitation to it, made before)."""
-    tenant_id = None
+    """Invite a tenant or a user to use the machine: the invitation, and whether it is new
+    (False: the guest's live invitation to it, made before)."""
+    guest = None
     try:
         async with store.write() as conn:
             enrolment = await _managed(conn, principal, machine_id, community_pool=community_pool)
             _live(enrolment)
-            tenant_id = await _tenant_named(conn, body.tenant)
-            if tenant_id == enrolment.owner_tenant_id:
-                raise field_error("tenant", "is the machine's owner tenant, which uses it already")
-            existing = await _live_invitation(conn, machine_id, tenant_id)
+            guest = await _guest_of(conn, body, enrolment)
+            existing = await _live_invitation(conn, machine_id, guest)
             if existing is not None:
                 return existing, False
             invitation_id = new_id("machine_invitation")
@@ -282,7 +368,8 @@ async def invite(
                 sa.insert(m.machine_invitations).values(
                     id=invitation_id,
                     machine_id=machine_id,
-                    tenant_id=tenant_id,
+                    tenant_id=guest.tenant_id,
+                    user_id=guest.user_id,
                     invited_by=principal.user_id,
                     created_at=now or utcnow(),
                 )
@@ -290,11 +377,11 @@ async def invite(
             made = (await conn.execute(_select().where(_i.id == invitation_id))).one()
             return _out(made), True
     except IntegrityError:
-        if tenant_id is None:
+        if guest is None:
             raise
-        # The same tenant invited by a concurrent request (the live index refused a second).
+        # The same guest invited by a concurrent request (the live index refused a second).
         async with store.read() as conn:
-            existing = await _live_invitation(conn, machine_id, tenant_id)
+            existing = await _live_invitation(conn, machine_id, guest)
         if existing is None:
             raise
         return existing, False
@@ -346,9 +433,12 @@ async def revoke(
 
 
 async def list_mine(store: Store, principal: Principal, query: PageQuery) -> MachineInvitationPage:
-    """The invitations to the caller's tenant, open and accepted, to machines not revoked."""
+    """The invitations to the caller's tenant or to the caller, open and accepted, to machines
+    not revoked."""
     stmt = _select().where(
-        _i.tenant_id == principal.tenant_id, _i.revoked_at.is_(None), _m.revoked_at.is_(None)
+        sa.or_(_i.tenant_id == principal.tenant_id, _i.user_id == principal.user_id),
+        _i.revoked_at.is_(None),
+        _m.revoked_at.is_(None),
     )
     async with store.read() as conn:
         items, cursor = await keyset_page(conn, stmt, _i.id, query, _out, lambda i: i.id)
@@ -358,18 +448,21 @@ async def list_mine(store: Store, principal: Principal, query: PageQuery) -> Mac
 async def accept(
     store: Store, principal: Principal, invitation_id: str, *, now: datetime | None = None
 ) -> tuple[MachineInvitationOut, Enrolment]:
-    """An admin of the invited tenant accepts (again: nothing changes), committed: the
-    invitation and the machine's enrolment now, the tenant among its guests."""
+    """The invited user, or an admin of the invited tenant, accepts (again: nothing changes),
+    committed: the invitation and the machine's enrolment now, the guest among its guests."""
     if not is_id(invitation_id, "machine_invitation"):
         raise NotFound(f"no invitation {invitation_id!r}")
     mine = sa.and_(
-        _i.id == invitation_id, _i.tenant_id == principal.tenant_id, _i.revoked_at.is_(None)
+        _i.id == invitation_id,
+        sa.or_(_i.tenant_id == principal.tenant_id, _i.user_id == principal.user_id),
+        _i.revoked_at.is_(None),
     )
     async with store.write() as conn:
-        machine_id = await conn.scalar(sa.select(_i.machine_id).where(mine))
-        if machine_id is None:
+        found = (await conn.execute(sa.select(_i.machine_id, _i.user_id).where(mine))).first()
+        if found is None:
             raise NotFound(f"no invitation {invitation_id!r}")
-        if not principal.is_admin:
+        machine_id = found.machine_id
+        if found.user_id is None and not principal.is_admin:
             raise Forbidden(f"only an admin of {principal.tenant_name} accepts an invitation")
         locked = await conn.execute(sa.select(_m.id).where(_m.id == machine_id).with_for_update())
         locked.one()

@@ -10,14 +10,16 @@ its row, so its credential is refused for good and everything it reports stays i
 
 A machine's `Enrolment` is read from here whole, its `guests` included (the tenants whose
 machine invitation was accepted and not revoked, `services/machine_sharing.py`): every put to
-the `enrolments` bucket and the repair pass take it from `enrolment_of` or `enrolments`.
+the `enrolments` bucket and the repair pass take it from `enrolment_of` or `enrolments`. Its
+`lend` (what the owner lends Einsora of the machine) is stored in the `lend_*` columns.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -35,11 +37,13 @@ from einsora.api.schemas.machines import (
     JoinTokenOut,
     JoinTokenPage,
     MachineEnrolment,
+    MachineLend,
+    MachineUsable,
 )
 from einsora.api.store import Store
 from einsora.common.bus.names import is_subject_token
 from einsora.common.ids import is_id, new_id
-from einsora.common.schemas import Enrolment, SharingLevel, utcnow
+from einsora.common.schemas import Enrolment, Inventory, Lend, SharingLevel, utcnow
 
 JOIN_TOKEN_PREFIX = "agt_"  # noqa: S105 (a prefix, not a secret)
 CREDENTIAL_PREFIX = "agk_"
@@ -274,37 +278,69 @@ async def enrol_own(
     return [e for e in (await enrolments(store)).values() if e.machine_id in machine_ids]
 
 
-def _enrolment(row: Any, guests: list[str] | None = None) -> Enrolment:
+def lend_of(row: Any) -> Lend | None:
+    """The lend the machine's row stores (None: all of its inventory)."""
+    gpus = None if row.lend_gpus is None else [str(uuid) for uuid in json.loads(row.lend_gpus)]
+    lend = Lend(cpus=row.lend_cpus, memory_mib=row.lend_memory_mib, gpus=gpus)
+    return None if lend.everything else lend
+
+
+def lend_columns(lend: Lend | None) -> dict[str, Any]:
+    """The `machines` columns that store `lend` (None: all of the inventory)."""
+    lend = lend or Lend()
+    return {
+        "lend_cpus": lend.cpus,
+        "lend_memory_mib": lend.memory_mib,
+        "lend_gpus": None if lend.gpus is None else json.dumps(lend.gpus),
+    }
+
+
+def _enrolment(row: Any, guests: _Guests | None = None) -> Enrolment:
     return Enrolment(
         machine_id=row.id,
         owner_tenant_id=row.owner_tenant_id,
         owner_user_id=row.owner_user_id,
         region=row.region,
         sharing=SharingLevel(row.sharing),
-        guests=guests or [],
+        guests=guests.tenants if guests is not None else [],
+        guest_users=guests.users if guests is not None else [],
         tunnel=row.tunnel,
         tunnel_key=row.tunnel_key,
         reclaim_grace_s=row.reclaim_grace_s,
         guest_min_runtime_s=row.guest_min_runtime_s,
         reclaimed_at=row.reclaimed_at,
+        lend=lend_of(row),
         enrolled_at=row.enrolled_at,
         revoked_at=row.revoked_at,
     )
 
 
+@dataclass
+class _Guests:
+    """One machine's guests: tenants and users (ids, sorted)."""
+
+    tenants: list[str] = field(default_factory=list)
+    users: list[str] = field(default_factory=list)
+
+
 async def guests_of(
     conn: AsyncConnection, machine_ids: Collection[str] | None = None
-) -> dict[str, list[str]]:
-    """Each machine's guests (tenant ids, sorted): accepted, unrevoked invitations. Only the
-    machines that have any are keys; `machine_ids` None reads every machine's."""
-    stmt = sa.select(_i.machine_id, _i.tenant_id).where(
+) -> dict[str, _Guests]:
+    """Each machine's guests: accepted, unrevoked invitations. Only the machines that have
+    any are keys; `machine_ids` None reads every machine's."""
+    stmt = sa.select(_i.machine_id, _i.tenant_id, _i.user_id).where(
         _i.accepted_at.is_not(None), _i.revoked_at.is_(None)
     )
     if machine_ids is not None:
         stmt = stmt.where(_i.machine_id.in_(list(machine_ids)))
-    found: dict[str, list[str]] = {}
-    for machine_id, tenant_id in (await conn.execute(stmt.order_by(_i.tenant_id))).all():
-        found.setdefault(machine_id, []).append(tenant_id)
+    found: dict[str, _Guests] = {}
+    rows = (await conn.execute(stmt.order_by(_i.tenant_id, _i.user_id))).all()
+    for machine_id, tenant_id, user_id in rows:
+        guests = found.setdefault(machine_id, _Guests())
+        if tenant_id is not None:
+            guests.tenants.append(tenant_id)
+        else:
+            guests.users.append(user_id)
     return found
 
 
@@ -325,11 +361,17 @@ async def enrolments(store: Store) -> dict[str, Enrolment]:
 
 
 def shown(
-    enrolment: Enrolment, viewer: Principal | None = None, owner_tenant_name: str | None = None
+    enrolment: Enrolment,
+    viewer: Principal | None = None,
+    owner_tenant_name: str | None = None,
+    inventory: Inventory | None = None,
 ) -> MachineEnrolment:
     """The enrolment as `viewer` may see it: whole for the owner's tenant and the operator
     (and where no viewer is given); anyone else (a guest, a community user) is told the owner's
-    tenant name and the sharing level, never the owner's ids, the guests or the tunnel."""
+    tenant name, the sharing level and what is lent, never the owner's ids, the guests or the
+    tunnel. `inventory`: the machine's latest, to show what is usable of it now."""
+    lend = enrolment.lend
+    usable = None if inventory is None else (lend or Lend()).usable(inventory)
     whole = viewer is None or viewer.is_operator or viewer.tenant_id == enrolment.owner_tenant_id
     return MachineEnrolment(
         owner_tenant_id=enrolment.owner_tenant_id if whole else None,
@@ -341,6 +383,8 @@ def shown(
         reclaim_grace_s=enrolment.reclaim_grace_s,
         guest_min_runtime_s=enrolment.guest_min_runtime_s,
         reclaimed_at=enrolment.reclaimed_at,
+        lend=None if lend is None else MachineLend.model_validate(lend.model_dump()),
+        usable=None if usable is None else MachineUsable.model_validate(usable.model_dump()),
         enrolled_at=enrolment.enrolled_at,
         revoked_at=enrolment.revoked_at,
     )

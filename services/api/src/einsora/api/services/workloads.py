@@ -92,6 +92,7 @@ def check_region(body: WorkloadCreate, regions: Collection[str]) -> None:
 _COLUMNS = (
     m.workloads.c.id,
     m.workloads.c.tenant_id,
+    m.workloads.c.created_by,
     m.workloads.c.name,
     m.workloads.c.kind,
     m.workloads.c.class_name,
@@ -176,6 +177,7 @@ def _intent(action: IntentAction, r: Any) -> WorkloadIntent:
             "action": action,
             "workload_id": r["id"],
             "tenant_id": r["tenant_id"],
+            "user_id": r["created_by"],
             "region": r["region"],
             "kind": r["kind"],
             "name": r["name"],
