@@ -29,7 +29,7 @@ from einsora.common.embedded_nats import EmbeddedNats
 from einsora.common.ids import new_id
 from einsora.common.schemas import Route, WorkloadKind
 from einsora.common.settings import Settings
-from einsora.proxy import ProxyService
+from einsora.proxy.service import ProxyService
 
 TOOLS = Path(__file__).parent / "tools"
 CHP_DIR = RESULTS_DIR / "chp"

@@ -348,7 +348,7 @@ async def main() -> None:
     from einsora.common.schemas import Enrolment, Route, WorkloadKind
     from einsora.common.settings import Settings
     from einsora.common.tunnel_clients import socket_path
-    from einsora.proxy import ProxyService
+    from einsora.proxy.service import ProxyService
 
     up_port = free_port()
     upstream = role("upstream", str(up_port))

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from einsora.accounting import AccountingService
+from einsora.accounting.service import AccountingService
 from einsora.accounting.testing import GatewayPlayer, SchedulerPlayer
 from einsora.common.settings import Settings
 from einsora.common.testing import Bus

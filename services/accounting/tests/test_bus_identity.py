@@ -18,7 +18,7 @@ import pytest_asyncio
 from nats.aio.client import Client as NATS
 from nats.js.errors import KeyNotFoundError
 
-from einsora.accounting import AccountingService
+from einsora.accounting.service import AccountingService
 from einsora.accounting.testing import (
     T0,
     GatewayPlayer,

@@ -19,8 +19,8 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from einsora.accounting import AccountingService
 from einsora.accounting.model import Allocation
+from einsora.accounting.service import AccountingService
 from einsora.accounting.testing import events_done
 from einsora.common.bus import names, publish
 from einsora.common.ids import new_id
@@ -38,7 +38,7 @@ from einsora.common.schemas import (
 )
 from einsora.common.settings import Settings
 from einsora.common.testing import Bus, enrol
-from einsora.scheduler import SchedulerService
+from einsora.scheduler.service import SchedulerService
 
 if TYPE_CHECKING:
     from services.accounting.tests.conftest import StartAccounting

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from einsora.agent import AgentService
 from einsora.agent import workload_python as workload_python_module
+from einsora.agent.service import AgentService
 from einsora.agent.testing import ControlPlane, Processes, StartAgent
 from einsora.agent.workload_python import WorkloadPython
 from einsora.common.bus import bind_bucket, names

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from einsora.agent import AgentService, identity, inventory
+from einsora.agent import identity, inventory
+from einsora.agent.service import AgentService
 from einsora.common.errors import ConfigError
 from einsora.common.ids import is_id
 from einsora.common.settings import Settings

@@ -30,7 +30,6 @@ import pytest_asyncio
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from einsora.agent import AgentService
 from einsora.agent.join import (
     ApiRefused,
     Enrolled,
@@ -42,6 +41,7 @@ from einsora.agent.join import (
     save_enrolment,
     tunnel_host_key_path,
 )
+from einsora.agent.service import AgentService
 from einsora.agent.testing import ControlPlane
 from einsora.common.bus import bind_bucket, connect, names, provision
 from einsora.common.embedded_nats import nats_server_binary

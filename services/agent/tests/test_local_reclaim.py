@@ -15,8 +15,9 @@ from pathlib import Path
 import nats.errors
 from pydantic import SecretStr
 
-from einsora.agent import AgentService, reclaim
+from einsora.agent import reclaim
 from einsora.agent.join import Enrolled
+from einsora.agent.service import AgentService
 from einsora.agent.testing import ControlPlane
 from einsora.common.bus import bind_bucket, connect, names, provision
 from einsora.common.embedded_nats import EmbeddedNats

@@ -31,8 +31,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from nats.aio.client import Client as NATS
 
-from einsora.agent import AgentService
 from einsora.agent.join import Enrolled, MachineRevoked, save_enrolment
+from einsora.agent.service import AgentService
 from einsora.agent.testing import ControlPlane
 from einsora.common.bus import bind_bucket, connect, identities, names, provision
 from einsora.common.bus.identities import Identity, Permissions

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import nats.errors
 
-from einsora.agent import AgentService
+from einsora.agent.service import AgentService
 from einsora.agent.testing import ControlPlane
 from einsora.common.bus import bind_bucket, connect, names, provision
 from einsora.common.embedded_nats import EmbeddedNats

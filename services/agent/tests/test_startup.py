@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from einsora.agent import AgentService
+from einsora.agent.service import AgentService
 from einsora.agent.testing import ControlPlane
 from einsora.common.bus import bind_bucket, connect, names
 from einsora.common.embedded_nats import EmbeddedNats

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from einsora.api import ApiService
+from einsora.api.service import ApiService
 from einsora.api.testing import running_api
 from einsora.common.errors import PortInUse
 from einsora.common.settings import Settings

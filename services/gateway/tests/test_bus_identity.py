@@ -25,7 +25,7 @@ from einsora.common.ids import new_id
 from einsora.common.schemas import GatewayKey, Route, TokenUsage, WorkloadKind
 from einsora.common.settings import Settings
 from einsora.common.testing import until
-from einsora.gateway import GatewayService
+from einsora.gateway.service import GatewayService
 from einsora.gateway.testing import PINNED_NOW
 
 SECRET = "esk_" + "k" * 43

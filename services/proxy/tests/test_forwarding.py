@@ -22,7 +22,7 @@ from einsora.common.ids import new_id
 from einsora.common.schemas import Route, WorkloadKind
 from einsora.common.settings import Settings
 from einsora.common.testing import Bus, until
-from einsora.proxy import ProxyService
+from einsora.proxy.service import ProxyService
 
 TOKEN = "upstream-token-" + "x" * 24
 BIG = 8 * 1024 * 1024

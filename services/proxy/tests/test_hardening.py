@@ -30,7 +30,7 @@ from einsora.common.bus import names
 from einsora.common.schemas import Route, WorkloadKind
 from einsora.common.settings import Settings
 from einsora.common.testing import Bus
-from einsora.proxy import ProxyService
+from einsora.proxy.service import ProxyService
 
 BAD_REQUEST_TEXT = b"Bad request: it could not be read as HTTP/1.1.\n"
 

@@ -27,7 +27,7 @@ from einsora.common.ids import new_id
 from einsora.common.schemas import Route, WorkloadKind
 from einsora.common.settings import Settings
 from einsora.common.testing import until
-from einsora.proxy import ProxyService
+from einsora.proxy.service import ProxyService
 
 
 def _free_port() -> int:

@@ -33,7 +33,7 @@ from einsora.common.settings import Settings
 from einsora.common.testing import Bus, until
 from einsora.common.tunnel_clients import socket_path
 from einsora.gateway.testing import harness as gateway_harness
-from einsora.proxy import ProxyService
+from einsora.proxy.service import ProxyService
 
 log = logging.getLogger("test.tunnel")
 

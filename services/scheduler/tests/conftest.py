@@ -36,7 +36,7 @@ from einsora.common.schemas import (
 )
 from einsora.common.settings import Settings
 from einsora.common.testing import Bus, enrol
-from einsora.scheduler import SchedulerService
+from einsora.scheduler.service import SchedulerService
 
 T = TypeVar("T")
 

@@ -27,7 +27,7 @@ from einsora.common.ids import new_id
 from einsora.common.schemas import DesiredState, Route, WorkloadIntent, WorkloadKind
 from einsora.common.settings import Settings
 from einsora.common.testing import Bus, subprocess_env
-from einsora.scheduler import SchedulerService
+from einsora.scheduler.service import SchedulerService
 from einsora.store import create_engine
 
 if TYPE_CHECKING:

@@ -7,23 +7,30 @@ flag to change; Solo never connects to a NATS server it did not start unless
 `EINSORA_NATS_URL` asks for one. Stopping leaves workload processes running, and the next
 start re-adopts them. The owner token made on the first start is printed only to a terminal;
 any other stdout (a log file, a journal) is told where `owner.token` is instead.
+
+On a terminal the greeting is the first thing a person sees: while the parts start, only
+warnings and errors are logged (unless `--log-level debug` asks for everything), and after the
+greeting the chosen level applies. JSON logs (not a terminal, or `--log-format json`) keep every
+line: a machine reading them wants the start-up too. The control plane's modules load only when
+the command runs, so `einsora --help` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import logging
 import shutil
-import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from einsora.cli.controlplane import ControlPlane, check_ports
 from einsora.cli.pipes import silence_closed_streams
-from einsora.common import logs, runloop
+from einsora.common import logs
 from einsora.common.errors import EinsoraError
-from einsora.common.settings import Settings, settings_from
-from einsora.common.sites import SiteConfig
+
+if TYPE_CHECKING:
+    from einsora.cli.controlplane import ControlPlane
+    from einsora.common.settings import Settings
 
 STOP_WITHIN_S = 8.0
 
@@ -42,10 +49,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "listen on HOST (e.g. 0.0.0.0), agents authenticate with their own credentials "
         "(EINSORA_NATS_LISTEN)",
     )
+    logs.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from einsora.cli.controlplane import check_ports
+    from einsora.common import runloop
+    from einsora.common.settings import settings_from
+
     flags = {
         "data_dir": args.data_dir,
         "api_port": args.api_port,
@@ -56,15 +68,33 @@ def run(args: argparse.Namespace) -> int:
     }
     try:
         settings = settings_from(flags)
-        logs.configure(settings.log_level, settings.log_format)
+        fmt = logs.configure_from(settings, args.log_level, args.log_format)
         check_ports(settings)
     except EinsoraError as exc:
         print(f"einsora solo: {exc.message}", file=sys.stderr)
         return 1
-    return runloop.run(_serve(settings))
+    return runloop.run(_serve(settings, quiet_start=fmt == "human"))
 
 
-async def _serve(settings: Settings) -> int:
+def quiet_until_greeted(quiet: bool) -> int:
+    """Raise the root logger to WARNING for the start-up when `quiet` (human lines on a
+    terminal) and the level chosen is not DEBUG; returns the level to restore after the
+    greeting."""
+    root = logging.getLogger()
+    chosen = root.level
+    if quiet and chosen > logging.DEBUG:
+        root.setLevel(max(chosen, logging.WARNING))
+    return chosen
+
+
+async def _serve(settings: Settings, *, quiet_start: bool = False) -> int:
+    import asyncio
+    import signal
+
+    from einsora.cli.controlplane import ControlPlane
+    from einsora.common import runloop
+
+    chosen_level = quiet_until_greeted(quiet_start)
     plane = ControlPlane(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -78,6 +108,7 @@ async def _serve(settings: Settings) -> int:
         return 1
     runloop.settle()
     _greet(plane, settings)
+    logging.getLogger().setLevel(chosen_level)
     await stop.wait()
     print("Stopping Einsora Solo...", file=sys.stderr, flush=True)
     running = plane.running_workloads()
@@ -98,6 +129,8 @@ async def _serve(settings: Settings) -> int:
 
 
 def _greet(plane: ControlPlane, settings: Settings) -> None:
+    from einsora.common.sites import SiteConfig
+
     url = f"http://127.0.0.1:{plane.api_port}"
     token_file = settings.data_dir / "owner.token"
     # Named as the api names them in access links and the proxy serves them: one SiteConfig.

@@ -15,7 +15,7 @@ from einsora.cli import render
 from einsora.cli.client import ApiClient
 from einsora.cli.commands.keys import gateway_url
 from einsora.cli.commands.options import common_options
-from einsora.common.schemas import EndpointRuntime, WorkloadKind, WorkloadState
+from einsora.common.vocab import EndpointRuntime, WorkloadKind, WorkloadState
 
 DEFAULT_CPU_CLASS = "cpu-2c-4g"
 """The class of a llama.cpp or command endpoint launched without `--class`."""

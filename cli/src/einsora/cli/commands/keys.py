@@ -9,7 +9,7 @@ from urllib.parse import quote, urlsplit
 from einsora.cli import render
 from einsora.cli.client import ApiClient
 from einsora.cli.commands.options import common_options
-from einsora.common.settings import Settings
+from einsora.cli.config import local_port
 
 _LOOPBACK = {"localhost", "127.0.0.1", "::1"}
 
@@ -22,7 +22,7 @@ def gateway_url(api_url: str) -> str:
         host = "127.0.0.1"
     elif ":" in host:
         host = f"[{host}]"
-    return f"http://{host}:{Settings().gateway_port}/v1"
+    return f"http://{host}:{local_port('gateway_port')}/v1"
 
 
 def _model_list(value: str) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Any
 from einsora.cli import render
 from einsora.cli.client import ApiClient
 from einsora.cli.export import build_export
-from einsora.common.schemas import WorkloadKind, WorkloadState
+from einsora.common.vocab import WorkloadKind, WorkloadState
 
 SETTLED = {
     WorkloadState.running,

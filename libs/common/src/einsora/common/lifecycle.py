@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from einsora.common.schemas.workload import IntentAction, WorkloadState
+from einsora.common.schemas.workload import IntentAction
+from einsora.common.vocab import WorkloadState
 
 _S = WorkloadState
 

@@ -106,7 +106,11 @@ class Settings(BaseSettings):
         "it); unset: http://<bind_host>:<api_port>",
     )
     log_level: str = "INFO"
-    log_format: str = Field(default="json", pattern="^(json|text)$")
+    log_format: str = Field(
+        default="auto",
+        pattern="^(auto|human|json|text)$",
+        description="auto: human lines on a terminal, JSON lines otherwise; text = human",
+    )
 
     @property
     def effective_tunnel_sockets_dir(self) -> Path:
@@ -149,6 +153,19 @@ class Settings(BaseSettings):
     )
     api_metrics_host: str = Field(
         default="127.0.0.1", description="Where /metrics listens: loopback unless set"
+    )
+    api_stream_heartbeat_s: float = Field(
+        default=15.0,
+        gt=0,
+        le=300,
+        description="Seconds of silence after which an event stream (SSE) sends a `: ping` "
+        "comment, so proxies keep it open",
+    )
+    api_streams_per_token: int = Field(
+        default=8,
+        ge=1,
+        le=1000,
+        description="Event streams one API token may hold open on one api replica (429 past it)",
     )
 
     # accounting and fair share

@@ -1,6 +1,2 @@
 """Einsora accounting: allocations metered from workload events, token usage, usage reports,
 and each tenant's recent usage for fair share (never billing)."""
-
-from einsora.accounting.service import AccountingService
-
-__all__ = ["AccountingService"]

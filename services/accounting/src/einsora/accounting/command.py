@@ -2,6 +2,7 @@
 
 Flags override `EINSORA_*` settings; SIGINT or SIGTERM stop it cleanly. A SIGKILL is safe too:
 every event's effect commits with its id, so the next start carries on from the store.
+The service's modules load only when the command runs, so `einsora --help` stays fast.
 """
 
 from __future__ import annotations
@@ -9,10 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from einsora.accounting.service import AccountingService
-from einsora.common import logs, runloop
-from einsora.common.service import serve_until_signalled
-from einsora.common.settings import settings_from
+from einsora.common import logs
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,22 +49,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="how long messages fetched by an accounting that died wait before redelivery "
         "(default 30)",
     )
-    parser.add_argument("--log-level", help="EINSORA_LOG_LEVEL (default INFO)")
-    parser.add_argument("--log-format", choices=["json", "text"], help="EINSORA_LOG_FORMAT")
+    logs.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from einsora.accounting.service import AccountingService
+    from einsora.common import runloop
+    from einsora.common.service import serve_until_signalled
+    from einsora.common.settings import settings_from
+
     settings = settings_from(
         {
             "nats_url": args.nats,
             "database_url": args.database_url,
             "data_dir": args.data_dir,
             "accounting_metrics_port": args.metrics_port,
-            "log_level": args.log_level,
-            "log_format": args.log_format,
         }
     )
-    logs.configure(settings.log_level, settings.log_format)
+    logs.configure_from(settings, args.log_level, args.log_format)
     service = AccountingService(settings, batch=args.batch, ack_wait_s=args.ack_wait)
     return runloop.run(serve_until_signalled(service))

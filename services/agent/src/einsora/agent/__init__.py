@@ -4,7 +4,3 @@ It installs alone on a GPU host (`pip install ./libs/common ./services/agent`) a
 server dependency. It is an untrusted client of the bus: it reads only its own desired key and
 writes only its own observed and inventory keys.
 """
-
-from einsora.agent.service import AgentService
-
-__all__ = ["AgentService"]

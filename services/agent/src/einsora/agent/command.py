@@ -13,15 +13,12 @@ revokes the machine, the agent stops and exits non-zero, saying so.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from einsora.common import logs, runloop
+from einsora.common import logs
 from einsora.common.errors import ConfigError
-from einsora.common.settings import settings_from
 
 if TYPE_CHECKING:
     from einsora.agent.service import AgentService, DriverName
@@ -95,6 +92,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="create the bus's streams and buckets if missing (needs full rights)",
     )
+    logs.add_arguments(parser)
     parser.set_defaults(func=run)
     commands = parser.add_subparsers(dest="agent_command", metavar="COMMAND")
     _register_join(commands)
@@ -134,6 +132,7 @@ def _register_reclaim(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 
 def run_reclaim(args: argparse.Namespace) -> int:
     from einsora.agent import reclaim
+    from einsora.common.settings import settings_from
 
     if args.grace < 0 or args.guest_min_runtime < 0:
         raise ConfigError("the grace and the minimum runtime are seconds, 0 or more")
@@ -151,6 +150,7 @@ def run_reclaim(args: argparse.Namespace) -> int:
 
 def run_release(args: argparse.Namespace) -> int:
     from einsora.agent import reclaim
+    from einsora.common.settings import settings_from
 
     settings = settings_from({"data_dir": args.data_dir})
     if reclaim.release(settings.data_dir):
@@ -188,9 +188,11 @@ def _register_join(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
 
 def run_join(args: argparse.Namespace) -> int:
     from einsora.agent.join import join
+    from einsora.common import runloop
+    from einsora.common.settings import settings_from
 
     settings = settings_from({"data_dir": args.data_dir})
-    logs.configure(settings.log_level, settings.log_format)
+    logs.configure_from(settings)
     enrolled = runloop.run(
         join(
             settings.data_dir,
@@ -212,11 +214,13 @@ def run_join(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from einsora.agent.join import load_enrolment
     from einsora.agent.service import AgentService
+    from einsora.common import runloop
+    from einsora.common.settings import settings_from
 
     settings = settings_from(
         {"nats_url": args.nats, "region": args.region, "data_dir": args.data_dir}
     )
-    logs.configure(settings.log_level, settings.log_format)
+    logs.configure_from(settings, args.log_level, args.log_format)
     driver: DriverName = args.driver or (
         "sim" if args.sim_inventory is not None or args.sim_machines != 1 else "process"
     )
@@ -248,6 +252,11 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(service: AgentService) -> int:
     """Start, say so, run until a signal or until the agent stops for good on its own (its
     machine revoked: that error, and so a non-zero exit), then stop."""
+    import asyncio
+    import signal
+
+    from einsora.common import runloop
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -4,9 +4,3 @@ It owns the store. State-changing calls write their intent through a transaction
 a relay publishes to INTENTS; workload events from EVENTS come back into the timeline. Solo and
 `einsora api` run it as `ApiService`.
 """
-
-from einsora.api.app import create_app
-from einsora.api.context import ApiContext
-from einsora.api.service import ApiService
-
-__all__ = ["ApiContext", "ApiService", "create_app"]

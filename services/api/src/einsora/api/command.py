@@ -1,16 +1,22 @@
-"""`einsora api`: run the control API alone, until SIGINT or SIGTERM."""
+"""`einsora api`: run the control API alone, until SIGINT or SIGTERM.
+
+The server stack (the app, SQLAlchemy, uvicorn) loads only when the command runs, so
+`einsora --help` stays fast.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from einsora.common import logs, runloop
-from einsora.common.catalog import Catalog
+from einsora.common import logs
 from einsora.common.cli import main_of
-from einsora.common.service import serve_until_signalled
-from einsora.common.settings import Settings, settings_from
+
+if TYPE_CHECKING:
+    from einsora.common.catalog import Catalog
+    from einsora.common.settings import Settings
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,10 +34,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--data-dir", type=Path, help="data directory (EINSORA_DATA_DIR)")
     parser.add_argument("--region", help="default region of new workloads (EINSORA_REGION)")
     parser.add_argument("--catalog", type=Path, help="a JSON file of extra classes")
+    logs.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from einsora.common import runloop
+    from einsora.common.catalog import Catalog
+    from einsora.common.settings import settings_from
+
     settings = settings_from(
         {
             "nats_url": args.nats,
@@ -42,13 +53,14 @@ def run(args: argparse.Namespace) -> int:
             "region": args.region,
         }
     )
-    logs.configure(settings.log_level, settings.log_format)
+    logs.configure_from(settings, args.log_level, args.log_format)
     catalog = Catalog.load(args.catalog)
     return runloop.run(_serve(settings, catalog))
 
 
 async def _serve(settings: Settings, catalog: Catalog) -> int:
     from einsora.api.service import ApiService  # the server stack loads only for this command
+    from einsora.common.service import serve_until_signalled
 
     service = ApiService(settings, catalog=catalog)
 

@@ -5,7 +5,3 @@ routes to a running replica with failover, holds each key to its requests and to
 (reserved at admission, settled with the real count, shared by every gateway replica), passes
 streams through as they arrive, and publishes every request's token counts with their source.
 """
-
-from einsora.gateway.service import GatewayService
-
-__all__ = ["GatewayService"]

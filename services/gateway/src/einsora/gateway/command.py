@@ -1,14 +1,15 @@
-"""`einsora gateway`: run the inference gateway alone."""
+"""`einsora gateway`: run the inference gateway alone (its modules load only when it runs)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from einsora.common import logs, runloop
-from einsora.common.service import serve_until_signalled
-from einsora.common.settings import settings_from
-from einsora.gateway.service import GatewayService
+from einsora.common import logs
+
+if TYPE_CHECKING:
+    from einsora.gateway.service import GatewayService
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -16,13 +17,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--nats", help="NATS URL (default: $EINSORA_NATS_URL)")
     parser.add_argument("--port", type=int, help="port to serve the OpenAI API on (default 8082)")
     parser.add_argument("--data-dir", type=Path)
+    logs.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from einsora.common import runloop
+    from einsora.common.service import serve_until_signalled
+    from einsora.common.settings import settings_from
+    from einsora.gateway.service import GatewayService
+
     overrides = {"nats_url": args.nats, "gateway_port": args.port, "data_dir": args.data_dir}
     settings = settings_from(overrides)
-    logs.configure(settings.log_level, settings.log_format)
+    logs.configure_from(settings, args.log_level, args.log_format)
     service = GatewayService(settings)
     return runloop.run(serve_until_signalled(service, on_started=lambda: _ready(service)))
 

@@ -5,7 +5,3 @@ than every other workload. A one-time access ticket becomes a host-only cookie f
 alone; the proxy then forwards HTTP and WebSocket traffic, adding the workload's own token itself
 so that the token never reaches a URL, a page, a log line or the browser.
 """
-
-from einsora.proxy.service import ProxyService
-
-__all__ = ["ProxyService"]

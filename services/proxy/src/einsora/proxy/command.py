@@ -1,14 +1,11 @@
-"""`einsora proxy`: run the access proxy alone."""
+"""`einsora proxy`: run the access proxy alone (its modules load only when it runs)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from einsora.common import logs, runloop
-from einsora.common.service import serve_until_signalled
-from einsora.common.settings import settings_from
-from einsora.proxy.service import ProxyService
+from einsora.common import logs
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -25,10 +22,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="sites are served over TLS upstream (default: $EINSORA_PROXY_TLS)",
     )
     parser.add_argument("--data-dir", type=Path)
+    logs.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from einsora.common import runloop
+    from einsora.common.service import serve_until_signalled
+    from einsora.common.settings import settings_from
+    from einsora.proxy.service import ProxyService
+
     # The flags override the same settings the api mints links from, so the two agree.
     overrides = {
         "nats_url": args.nats,
@@ -38,6 +41,6 @@ def run(args: argparse.Namespace) -> int:
         "data_dir": args.data_dir,
     }
     settings = settings_from(overrides)
-    logs.configure(settings.log_level, settings.log_format)
+    logs.configure_from(settings, args.log_level, args.log_format)
     service = ProxyService(settings)
     return runloop.run(serve_until_signalled(service))

@@ -1,5 +1,1 @@
 """Einsora scheduler: admission, placement, queue and reconcile for one region."""
-
-from einsora.scheduler.service import SchedulerService
-
-__all__ = ["SchedulerService"]

@@ -1,21 +1,16 @@
 """`einsora scheduler --nats URL --region local`: run one region's scheduler until stopped.
 
 Flags override `EINSORA_*` settings; SIGINT or SIGTERM stop it cleanly. A SIGKILL is safe too:
-the next start picks up where the store says it was (ADR-0004).
+the next start picks up where the store says it was (ADR-0004). The scheduler's modules load
+only when the command runs, so `einsora --help` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
 
-from einsora.common import logs, runloop
-from einsora.common.service import serve_until_signalled
-from einsora.common.settings import settings_from
-from einsora.scheduler.service import SchedulerService
-
-log = logging.getLogger("einsora.scheduler")
+from einsora.common import logs
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -62,23 +57,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="how long intents fetched by a scheduler that died wait before redelivery "
         "(default 30)",
     )
-    parser.add_argument("--log-level", help="EINSORA_LOG_LEVEL (default INFO)")
-    parser.add_argument("--log-format", choices=["json", "text"], help="EINSORA_LOG_FORMAT")
+    logs.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from einsora.common import runloop
+    from einsora.common.service import serve_until_signalled
+    from einsora.common.settings import settings_from
+    from einsora.scheduler.service import SchedulerService
+
     settings = settings_from(
         {
             "nats_url": args.nats,
             "region": args.region,
             "database_url": args.database_url,
             "data_dir": args.data_dir,
-            "log_level": args.log_level,
-            "log_format": args.log_format,
         }
     )
-    logs.configure(settings.log_level, settings.log_format)
+    logs.configure_from(settings, args.log_level, args.log_format)
     service = SchedulerService(
         settings,
         suspect_after_s=args.suspect_after,

@@ -10,7 +10,6 @@ from einsora.common.schemas.base import Message, utcnow, what_is_wrong
 from einsora.common.schemas.endpoint import (
     MAX_REPLICAS,
     CountSource,
-    EndpointRuntime,
     EndpointSpec,
     GatewayKey,
     SimEndpoint,
@@ -49,9 +48,8 @@ from einsora.common.schemas.workload import (
     Placement,
     WorkloadEvent,
     WorkloadIntent,
-    WorkloadKind,
-    WorkloadState,
 )
+from einsora.common.vocab import EndpointRuntime, WorkloadKind, WorkloadState
 
 __all__ = [
     "MAX_REPLICAS",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from einsora.common.schemas.base import Message
-from einsora.common.schemas.workload import WorkloadKind
+from einsora.common.vocab import WorkloadKind
 
 
 class Route(Message):

@@ -15,20 +15,7 @@ from enum import StrEnum
 from pydantic import Field
 
 from einsora.common.schemas.base import Message, utcnow
-
-
-class EndpointRuntime(StrEnum):
-    """What serves an endpoint's model (DESIGN.md, "Workloads")."""
-
-    llamacpp = "llamacpp"
-    """llama.cpp through `llama-cpp-python[server]`: GGUF files, any machine."""
-    vllm = "vllm"
-    """vLLM: NVIDIA GPUs, safetensors (or GGUF) weights."""
-    mlx = "mlx"
-    """`mlx-lm`'s server: Apple Silicon."""
-    command = "command"
-    """Any OpenAI-compatible server the user names, listening on `$PORT`."""
-
+from einsora.common.vocab import EndpointRuntime
 
 MAX_REPLICAS = 16
 

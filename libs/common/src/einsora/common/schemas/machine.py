@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import Field
 
 from einsora.common.schemas.base import Message, utcnow
-from einsora.common.schemas.workload import WorkloadKind
+from einsora.common.vocab import WorkloadKind
 
 
 class Target(StrEnum):

@@ -13,33 +13,7 @@ from typing import Any
 from pydantic import Field
 
 from einsora.common.schemas.base import Message, utcnow
-
-
-class WorkloadKind(StrEnum):
-    """What a user launches."""
-
-    notebook = "notebook"
-    endpoint = "endpoint"
-    vm = "vm"
-
-
-class WorkloadState(StrEnum):
-    """Where a workload is in its life."""
-
-    pending = "pending"
-    queued = "queued"
-    scheduled = "scheduled"
-    starting = "starting"
-    running = "running"
-    parking = "parking"
-    parked = "parked"
-    removing = "removing"
-    removed = "removed"
-    failed = "failed"
-    preempted = "preempted"
-    """Stopped because its machine's owner took the machine back (reclaimed it, or no longer
-    shares it with the workload's tenant); a resume places it again elsewhere."""
-
+from einsora.common.vocab import WorkloadKind, WorkloadState
 
 TERMINAL_STATES = frozenset({WorkloadState.removed})
 """States a workload never leaves."""
