@@ -1,6 +1,6 @@
-"""`einsora machines [list|join-token|revoke|share|invite|invitations|accept|uninvite|reclaim|
-release]`: the machines, enrolling and revoking them, sharing them with other tenants, and
-taking them back."""
+"""`einsora machines [list|join-token|revoke|share|lend|invite|invitations|accept|uninvite|
+reclaim|release]`: the machines, enrolling and revoking them, sharing them with other tenants
+or users, saying what Einsora may use of them, and taking them back."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from urllib.parse import quote
 from einsora.cli import render
 from einsora.cli.client import ApiClient
 from einsora.cli.commands.options import common_options
+from einsora.common.errors import EinsoraError
 
 _SHARING = ("private", "invite-only", "community")
 
@@ -69,6 +70,25 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="the least a guest's workload runs before a reclaim stops it (default 600)",
     )
+    lend = sub.add_parser(
+        "lend",
+        help="say what Einsora may use of a machine (the rest stays yours); guests that no "
+        "longer fit are preempted after the grace",
+        parents=nested,
+    )
+    lend.add_argument("id", help="the machine's id (m-…)")
+    lend.add_argument("--cpus", type=float, metavar="N", help="cores Einsora may use in total")
+    lend.add_argument(
+        "--memory-gib", type=float, metavar="GIB", help="memory Einsora may use in total"
+    )
+    lend.add_argument(
+        "--gpus",
+        metavar="UUID,…",
+        help="the GPUs Einsora may use, by uuid (see einsora machines --json); 'none': no GPU",
+    )
+    lend.add_argument(
+        "--all", action="store_true", help="lend the whole machine again (the default)"
+    )
     for action, said in (
         ("reclaim", "take a machine back: guests' workloads are preempted after its grace"),
         ("release", "end a reclaim: guests may be placed on the machine again"),
@@ -77,10 +97,16 @@ def _configure(parser: argparse.ArgumentParser) -> None:
             "id", help="the machine's id (m-…)"
         )
     invite = sub.add_parser(
-        "invite", help="invite a tenant to use a machine (its admin accepts)", parents=nested
+        "invite",
+        help="invite a tenant (its admin accepts) or one user (who accepts) to use a machine",
+        parents=nested,
     )
     invite.add_argument("id", help="the machine's id (m-…)")
-    invite.add_argument("--tenant", required=True, help="the guest tenant's name or id")
+    guest = invite.add_mutually_exclusive_group(required=True)
+    guest.add_argument("--tenant", help="the guest tenant's name or id")
+    guest.add_argument(
+        "--user", help="the guest user's username: their workloads, in any of their tenants"
+    )
     invitations = sub.add_parser(
         "invitations",
         help="a machine's invitations; without a machine, those to your tenant",
@@ -89,13 +115,14 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     invitations.add_argument("id", nargs="?", help="the machine's id (m-…)")
     accept = sub.add_parser(
         "accept",
-        help="accept an invitation to use another tenant's machine (a tenant admin)",
+        help="accept an invitation to use another tenant's machine (a tenant admin, or the "
+        "invited user)",
         parents=nested,
     )
     accept.add_argument("invitation", help="the invitation's id (mi-…)")
     uninvite = sub.add_parser(
         "uninvite",
-        help="revoke a machine invitation: the tenant is no guest any more",
+        help="revoke a machine invitation: the tenant or user is no guest any more",
         parents=nested,
     )
     uninvite.add_argument("id", help="the machine's id (m-…)")
@@ -120,6 +147,7 @@ def _list(client: ApiClient, args: argparse.Namespace) -> int:
                 or enrolment.get("owner_tenant_id")
                 or ("(not enrolled)" if not enrolment else "-"),
                 enrolment.get("sharing") or "-",
+                _lent_summary(enrolment) if enrolment else "-",
                 inv.get("cpus"),
                 f"{(inv.get('memory_mib') or 0) // 1024} GiB" if inv else "-",
                 f"{len(gpus)}x {gpus[0]['model']}" if gpus else "-",
@@ -135,6 +163,7 @@ def _list(client: ApiClient, args: argparse.Namespace) -> int:
             "region",
             "owner",
             "sharing",
+            "lent",
             "cpus",
             "memory",
             "gpus",
@@ -209,6 +238,61 @@ def _share(client: ApiClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def _lend_body(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The PATCH's `lend` from the flags (None: the whole machine)."""
+    if args.all:
+        if args.cpus is not None or args.memory_gib is not None or args.gpus is not None:
+            raise EinsoraError("--all lends the whole machine: give it alone")
+        return None
+    lend: dict[str, Any] = {}
+    if args.cpus is not None:
+        lend["cpus"] = args.cpus
+    if args.memory_gib is not None:
+        lend["memory_mib"] = round(args.memory_gib * 1024)
+    if args.gpus is not None:
+        named = [g.strip() for g in args.gpus.split(",") if g.strip()]
+        lend["gpus"] = [] if named == ["none"] else named
+    if not lend:
+        raise EinsoraError("say what to lend: --cpus, --memory-gib, --gpus, or --all")
+    return lend
+
+
+def _lent_summary(enrolment: dict[str, Any]) -> str:
+    """What a machine lends Einsora, in a few words: `all`, or what is usable."""
+    if not enrolment.get("lend"):
+        return "all"
+    usable: dict[str, Any] = enrolment.get("usable") or {}
+    lend: dict[str, Any] = enrolment["lend"]
+    cpus = usable.get("cpus", lend.get("cpus"))
+    memory = usable.get("memory_mib", lend.get("memory_mib"))
+    gpus = usable.get("gpus", lend.get("gpus"))
+    parts = [
+        "all cores" if cpus is None else f"{cpus:g} cores",
+        "all memory" if memory is None else f"{memory / 1024:g} GiB",
+        "every GPU" if gpus is None else f"{len(gpus)} GPU" + ("" if len(gpus) == 1 else "s"),
+    ]
+    return ", ".join(parts)
+
+
+def _lend(client: ApiClient, args: argparse.Namespace) -> int:
+    machine = client.request("PATCH", _path(args.id), {"lend": _lend_body(args)})
+    if args.json:
+        render.as_json(machine)
+        return 0
+    enrolment = machine.get("enrolment") or {}
+    print(
+        f"machine {render.escape(machine['id'])} lends Einsora: "
+        f"{render.escape(_lent_summary(enrolment))}"
+    )
+    if enrolment.get("lend"):
+        print(
+            "Guests' workloads that no longer fit are preempted after its grace "
+            f"({enrolment.get('reclaim_grace_s')} s, once they have run "
+            f"{enrolment.get('guest_min_runtime_s')} s); yours keep running."
+        )
+    return 0
+
+
 def _reclaim(client: ApiClient, args: argparse.Namespace) -> int:
     machine = client.post(_path(args.id, "reclaim"))
     if args.json:
@@ -233,17 +317,27 @@ def _release(client: ApiClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def _guest_of(invitation: dict[str, Any]) -> str:
+    """Whom an invitation names: a tenant, or `user <name>`."""
+    if invitation.get("tenant_name"):
+        return str(invitation["tenant_name"])
+    return f"user {invitation.get('username')}"
+
+
 def _invite(client: ApiClient, args: argparse.Namespace) -> int:
-    made = client.post(_path(args.id, "invitations"), {"tenant": args.tenant})
+    body = {"tenant": args.tenant} if args.tenant is not None else {"user": args.user}
+    made = client.post(_path(args.id, "invitations"), body)
     if args.json:
         render.as_json(made)
         return 0
-    shown, tenant = render.escape(made["id"]), render.escape(made["tenant_name"])
-    print(f"invited {tenant} to use {render.escape(made['machine_id'])} (invitation {shown})")
+    shown, guest = render.escape(made["id"]), render.escape(_guest_of(made))
+    print(f"invited {guest} to use {render.escape(made['machine_id'])} (invitation {shown})")
     if made.get("accepted_at"):
-        print(f"{tenant} accepted it already.")
+        print(f"{guest} accepted it already.")
+    elif made.get("tenant_name"):
+        print(f"An admin of {guest} accepts it with: einsora machines accept {shown}")
     else:
-        print(f"An admin of {tenant} accepts it with: einsora machines accept {shown}")
+        print(f"{guest} accepts it with: einsora machines accept {shown}")
     print(_COUNTS_WHEN_SHARED.format(machine=render.escape(made["machine_id"])))
     return 0
 
@@ -267,7 +361,7 @@ def _invitations(client: ApiClient, args: argparse.Namespace) -> int:
         (
             i["id"],
             i["machine_id"],
-            i["tenant_name"] if owner_side else i["owner_tenant_name"],
+            _guest_of(i) if owner_side else i["owner_tenant_name"],
             _state(i),
             render.ago(i.get("created_at")),
         )
@@ -286,7 +380,7 @@ def _accept(client: ApiClient, args: argparse.Namespace) -> int:
         return 0
     machine = render.escape(accepted["machine_id"])
     print(
-        f"{render.escape(accepted['tenant_name'])} is now a guest of {machine}, owned by "
+        f"{render.escape(_guest_of(accepted))} is now a guest of {machine}, owned by "
         f"{render.escape(accepted['owner_tenant_name'])}, who can see the data of what runs there"
     )
     print("It counts while the machine's sharing is not private, which its owner sets.")
@@ -307,6 +401,7 @@ _ACTIONS = {
     "join-token": _join_token,
     "revoke": _revoke,
     "share": _share,
+    "lend": _lend,
     "invite": _invite,
     "invitations": _invitations,
     "accept": _accept,
