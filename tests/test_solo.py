@@ -235,6 +235,58 @@ def test_launch_wait_then_stop_and_start_keeps_everything(solo: Solo) -> None:
     solo.stop()
 
 
+def test_launch_wait_fails_with_the_reason_and_park_resume_rm_wait(solo: Solo) -> None:
+    solo.start()
+    broken = json.dumps({"runtime": "command", "command": ["python3", "-c", "exit(3)"]})
+    failed = solo.cli("launch", "endpoint", "--class", "cpu-1c-2g", "--spec", broken, "--wait")
+    assert failed.returncode == 1, (failed.stdout, failed.stderr)
+    said = failed.stderr.strip().splitlines()[-1]
+    assert said.startswith("einsora: w-"), said
+    assert " is failed, not running: " in said, said
+    assert said.split(" is failed, not running: ")[1]  # the reason, not nothing
+
+    launched = solo.cli("launch", "notebook", "--class", "cpu-1c-2g", "--wait")
+    assert launched.returncode == 0, launched.stderr
+    workload_id = launched.stdout.split()[0]
+    # Each transition is printed with its reason as it happens, up to running.
+    assert "running: " in launched.stderr
+    # `events -f` beside: the history, then each change as it happens, each once.
+    following = subprocess.Popen(
+        [EINSORA, "events", "-f", workload_id, "--json"],
+        env=solo.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for verb, state in (("park", "parked"), ("resume", "running"), ("rm", "removed")):
+            done = solo.cli(verb, workload_id, "--wait")
+            assert done.returncode == 0, (verb, done.stderr)
+            assert done.stdout.strip() == f"{workload_id} is {state}"
+        assert following.stdout is not None
+        followed = []
+        for line in following.stdout:  # until the last change arrives (or the timeout)
+            followed.append(json.loads(line))
+            if followed[-1]["state"] == "removed":
+                break
+    finally:
+        following.kill()
+        following.communicate(timeout=10)  # and closes its pipes
+    history = [
+        json.loads(line) for line in solo.cli("events", workload_id, "--json").stdout.splitlines()
+    ]
+    # Every entry, in order, none twice; only what the api records itself when asked (it is
+    # not a change on the bus) shows in the history alone, once the follow has begun.
+    assert len({json.dumps(e) for e in followed}) == len(followed)
+    assert followed == [e for e in history if e in followed]
+    only_stored = [e for e in history if e not in followed]
+    assert all("requested by" in e["reason"] for e in only_stored), only_stored
+    states = [e["state"] for e in followed]
+    for state in ("parking", "parked", "running", "removing", "removed"):
+        assert state in states, (state, states)
+    solo.stop()
+
+
 def test_a_taken_port_is_named_with_its_flag(solo: Solo) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", int(solo.env["EINSORA_API_PORT"])))

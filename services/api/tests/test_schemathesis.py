@@ -132,7 +132,9 @@ def _wait_for_usage(api: ApiProcess, within_s: float = 30.0) -> None:
 
 
 # The served document is this same generated one (checked in test_http.py).
-schema = schemathesis.openapi.from_dict(openapi_document())
+# The tenant's event stream answers 200 and never ends, whatever the input: its refusals
+# (a bad Last-Event-ID, too many streams) are tested in test_event_streams.py instead.
+schema = schemathesis.openapi.from_dict(openapi_document()).exclude(path="/v1/events", method="GET")
 
 
 @schema.parametrize()

@@ -12,9 +12,13 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from einsora.common.errors import EinsoraError
+
+if TYPE_CHECKING:
+    from einsora.cli.follow import StreamEvent
 
 
 class ApiRefused(EinsoraError):
@@ -88,6 +92,12 @@ class ApiClient:
 
     def delete(self, path: str) -> Any:
         return self.request("DELETE", path)
+
+    def events(self, path: str, *, last_event_id: str | None = None) -> Iterator[StreamEvent]:
+        """Each event of the api's event stream at `path`, once, across dropped connections."""
+        from einsora.cli.follow import follow  # it imports this module
+
+        return follow(self.base_url, self._token, path, last_event_id=last_event_id)
 
     def paginate(self, path: str, **query: Any) -> list[Any]:
         """Every item of a cursor-paginated list."""

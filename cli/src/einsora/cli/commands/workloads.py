@@ -13,17 +13,19 @@ from typing import Any
 from einsora.cli import render
 from einsora.cli.client import ApiClient
 from einsora.cli.export import build_export
+from einsora.cli.follow import SNAPSHOT, workload_events_path
 from einsora.common.vocab import WorkloadKind, WorkloadState
 
-SETTLED = {
-    WorkloadState.running,
-    WorkloadState.failed,
-    WorkloadState.removed,
-    WorkloadState.parked,
-    WorkloadState.preempted,
-}
+SETTLED: frozenset[str] = frozenset(
+    {
+        WorkloadState.running,
+        WorkloadState.failed,
+        WorkloadState.removed,
+        WorkloadState.parked,
+        WorkloadState.preempted,
+    }
+)
 """States `launch --wait` stops following at: where nothing more happens by itself."""
-POLL_S = 0.5
 
 
 def _launch_args(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +35,9 @@ def _launch_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--region")
     parser.add_argument("--count", type=int)
     parser.add_argument("--spec", help="JSON object with the workload's spec")
-    parser.add_argument("--wait", action="store_true", help="follow the timeline until running")
+    parser.add_argument(
+        "--wait", action="store_true", help="follow the workload until it runs (exit 0) or fails"
+    )
 
 
 def _launch(client: ApiClient, args: argparse.Namespace) -> int:
@@ -51,39 +55,57 @@ def _launch(client: ApiClient, args: argparse.Namespace) -> int:
     if not args.wait:
         _print_workload(workload, args.json)
         return 0
-    final = _follow_until_settled(client, workload["id"], quiet=args.json)
-    if args.json:
-        render.as_json(final)
-        return 0 if final["state"] == WorkloadState.running else 1
-    if final["state"] == WorkloadState.running:
+    final, reason = _follow_until(client, workload["id"], SETTLED, quiet=args.json)
+    if not args.json and final["state"] == WorkloadState.running:
         shown = render.escape(final["id"])
         print(f"{shown} is running. Open it with: einsora open {shown}")
-    host = (final.get("placement") or {}).get("host")
-    if host:  # another tenant's machine: its owner can see the workload's data
-        print(f"Note: {render.escape(host['note'])}")
-    return 0 if final["state"] == WorkloadState.running else 1
+        host = (final.get("placement") or {}).get("host")
+        if host:  # another tenant's machine: its owner can see the workload's data
+            print(f"Note: {render.escape(host['note'])}")
+    return _settled(final, reason, WorkloadState.running, args.json)
 
 
-def _follow_until_settled(client: ApiClient, workload_id: str, *, quiet: bool) -> Any:
-    """A live status line from the timeline until the workload settles."""
-    seen = 0
+def _follow_until(
+    client: ApiClient, workload_id: str, until: frozenset[str], *, quiet: bool
+) -> tuple[Any, str]:
+    """Follow the workload's event stream, a line for each change with its reason as it
+    happens, until it is in one of `until`: the workload then, and the reason of its last
+    change. The state is the stream's (the scheduler's word), which the api's store may take
+    a moment to catch up with."""
     started = time.monotonic()
     tty = sys.stderr.isatty()
-    while True:
-        events = client.paginate(f"/v1/workloads/{workload_id}/events")
-        for entry in events[seen:]:
+    state, reason = "", ""
+    for event in client.events(workload_events_path(workload_id)):
+        changes = event.data["workloads"] if event.name == SNAPSHOT else [event.data]
+        for change in changes:
+            state, reason = change["state"], change["reason"]
             if not quiet:
-                said = f"{render.escape(entry['state'])}: {render.escape(entry['reason'])}"
+                said = f"{render.escape(state)}: {render.escape(reason)}"
                 line = f"[{time.monotonic() - started:5.1f}s] {said}"
                 sys.stderr.write(("\r\033[K" if tty else "") + line + ("" if tty else "\n"))
                 sys.stderr.flush()
-        seen = len(events)
-        workload = client.get(f"/v1/workloads/{workload_id}")
-        if workload["state"] in SETTLED:
-            if not quiet and tty:
-                sys.stderr.write("\n")
-            return workload
-        time.sleep(POLL_S)
+        if state in until:
+            break
+    if not quiet and tty:
+        sys.stderr.write("\n")
+    workload = client.get(f"/v1/workloads/{workload_id}")
+    workload["state"] = state
+    return workload, reason
+
+
+def _settled(workload: Any, reason: str, wanted: str, as_json: bool) -> int:
+    """The exit code of a `--wait`: 0 when the workload reached `wanted`, else 1, saying
+    where it ended and why."""
+    if as_json:
+        render.as_json(workload)
+    if workload["state"] == wanted:
+        return 0
+    print(
+        f"einsora: {render.escape(workload['id'])} is {render.escape(workload['state'])}, "
+        f"not {wanted}: {render.escape(reason)}",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def _ls_args(parser: argparse.ArgumentParser) -> None:
@@ -142,41 +164,82 @@ def _show(client: ApiClient, args: argparse.Namespace) -> int:
 
 def _events_args(parser: argparse.ArgumentParser) -> None:
     _id_arg(parser)
-    parser.add_argument("--follow", "-f", action="store_true", help="keep printing new entries")
+    parser.add_argument(
+        "--follow", "-f", action="store_true", help="keep printing changes as they happen"
+    )
 
 
 def _events(client: ApiClient, args: argparse.Namespace) -> int:
-    seen = 0
-    while True:
-        events = client.paginate(f"/v1/workloads/{args.id}/events")
-        for entry in events[seen:]:
-            if args.json:
-                print(json.dumps(entry), flush=True)
-            else:
-                at, kind, state, reason = (
-                    render.escape(entry[key]) for key in ("at", "kind", "state", "reason")
-                )
-                print(f"{at}  {kind:10}  {state:9}  {reason}", flush=True)
-        seen = len(events)
-        if not args.follow:
-            return 0
-        time.sleep(POLL_S)
+    if not args.follow:
+        for entry in client.paginate(f"/v1/workloads/{args.id}/events"):
+            _print_entry(entry, args.json)
+        return 0
+    # The stream first: its snapshot marks what the store holds, so the timeline read after
+    # it has everything before the changes that follow. A change the timeline read caught
+    # already is not printed twice.
+    stream = client.events(workload_events_path(args.id))
+    next(stream)  # the snapshot
+    printed = set()
+    for entry in client.paginate(f"/v1/workloads/{args.id}/events"):
+        _print_entry(entry, args.json)
+        printed.add(_entry_key(entry))
+    for event in stream:
+        if event.name == SNAPSHOT:
+            continue  # the stream started over (its resume point was gone): nothing new
+        if _entry_key(event.data) not in printed:
+            _print_entry(event.data, args.json)
+    return 0
+
+
+def _entry_key(entry: Any) -> tuple[str, str, str, str]:
+    """What makes a timeline entry and a stream's change the same event."""
+    at = entry["at"].replace("Z", "+00:00")
+    return (at, entry["kind"], entry["state"], entry["reason"])
+
+
+def _print_entry(entry: Any, as_json: bool) -> None:
+    if as_json:
+        shown = {k: entry.get(k) for k in ("at", "kind", "state", "reason", "request_id")}
+        print(json.dumps(shown), flush=True)
+        return
+    at, kind, state, reason = (
+        render.escape(entry[key]) for key in ("at", "kind", "state", "reason")
+    )
+    print(f"{at}  {kind:10}  {state:9}  {reason}", flush=True)
+
+
+_WAITS = {
+    "park": (WorkloadState.parked, frozenset({WorkloadState.parked, *SETTLED})),
+    "resume": (WorkloadState.running, SETTLED),
+    "rm": (WorkloadState.removed, frozenset({WorkloadState.removed, WorkloadState.failed})),
+}
+"""What each action's `--wait` waits for: the state it wants, and where it stops."""
+
+
+def _wait_args(parser: argparse.ArgumentParser) -> None:
+    _id_arg(parser)
+    parser.add_argument(
+        "--wait", action="store_true", help="follow the workload until the action is done"
+    )
 
 
 def _action(verb: str) -> Any:
     def run(client: ApiClient, args: argparse.Namespace) -> int:
-        workload = client.post(f"/v1/workloads/{args.id}/{verb}")
-        _print_workload(workload, args.json)
-        return 0
+        if verb == "rm":
+            workload = client.delete(f"/v1/workloads/{args.id}")
+        else:
+            workload = client.post(f"/v1/workloads/{args.id}/{verb}")
+        if not args.wait:
+            if workload is not None:
+                _print_workload(workload, args.json)
+            return 0
+        wanted, until = _WAITS[verb]
+        final, reason = _follow_until(client, args.id, until, quiet=args.json)
+        if not args.json and final["state"] == wanted:
+            print(f"{render.escape(args.id)} is {wanted}")
+        return _settled(final, reason, wanted, args.json)
 
     return run
-
-
-def _rm(client: ApiClient, args: argparse.Namespace) -> int:
-    workload = client.delete(f"/v1/workloads/{args.id}")
-    if workload is not None:
-        _print_workload(workload, args.json)
-    return 0
 
 
 def _open(client: ApiClient, args: argparse.Namespace) -> int:
@@ -219,9 +282,9 @@ COMMANDS = [
     ("ls", "list workloads", _ls_args, _ls),
     ("show", "show one workload", _id_arg, _show),
     ("events", "show a workload's timeline", _events_args, _events),
-    ("park", "park a workload (release its GPUs, keep its disk)", _id_arg, _action("park")),
-    ("resume", "resume a parked, failed or preempted workload", _id_arg, _action("resume")),
-    ("rm", "remove a workload", _id_arg, _rm),
+    ("park", "park a workload (release its GPUs, keep its disk)", _wait_args, _action("park")),
+    ("resume", "resume a parked, failed or preempted workload", _wait_args, _action("resume")),
+    ("rm", "remove a workload", _wait_args, _action("rm")),
     ("open", "open a running workload's web UI in the browser", _id_arg, _open),
     ("export", "export a workload's inputs, timeline and usage as JSON", _export_args, _export),
 ]

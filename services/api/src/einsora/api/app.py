@@ -14,7 +14,8 @@ route has a twin for HEAD, after every other route and out of the document.
 
 The document is FastAPI's, from the routes' parameters and models, plus the two things our own
 dependencies imply and FastAPI cannot see: the request body `JsonBody` validates, and the bearer
-scheme of the routes that depend on `Me` or `Launch`. No docs UI is served.
+scheme of the routes that depend on `Me` or `Launch`, and the models of the event streams'
+events' data (`schemas/events.py`), which no response model names. No docs UI is served.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from einsora.api.errors import (
 from einsora.api.middleware import EdgeMiddleware
 from einsora.api.routers import ROUTERS
 from einsora.api.schemas.common import as_details
+from einsora.api.schemas.events import EVENT_DATA
 from einsora.api.services.limits import RateLimits
 from einsora.common.errors import EinsoraError
 
@@ -197,6 +199,10 @@ def _document(app: FastAPI) -> dict[str, Any]:
     refs, definitions = models_json_schema(
         [(model, "validation") for model in bodies], ref_template=REF
     )
+    # The data of the event streams' events, which no route's response model names.
+    _, streamed = models_json_schema(
+        [(model, "serialization") for model in EVENT_DATA.values()], ref_template=REF
+    )
     for model, operations in bodies.items():
         for operation in operations:
             operation["requestBody"] = {
@@ -208,6 +214,9 @@ def _document(app: FastAPI) -> dict[str, Any]:
     for name, schema in definitions.get("$defs", {}).items():
         if schemas.setdefault(name, schema) != schema:
             raise RuntimeError(f"two different schemas are named {name} in the document")
+    for name, schema in streamed.get("$defs", {}).items():
+        # Models the responses name already (PlacementOut) stay as FastAPI wrote them.
+        schemas.setdefault(name, schema)
     components["schemas"] = dict(sorted(schemas.items()))
     components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     return document

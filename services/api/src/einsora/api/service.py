@@ -7,8 +7,9 @@ ADR-0011), the gateway keys sync (KV `gateway_keys` equal to the store's live ke
 tenant quotas sync (the `quota.*` keys of KV `usage` equal to the store's quotas), the
 enrolments sync (KV `enrolments` equal to the store's machines) and, where the server runs
 one, the auth callout for machines' credentials (`bus_auth.py`), then
-serves HTTP with uvicorn in this process and returns once it accepts connections. `stop()`
-undoes all of it, in reverse, and may be called twice.
+serves HTTP with uvicorn in this process, event streams included (`streams.py`), and returns
+once it accepts connections. `stop()` ends the event streams first, then undoes all the rest,
+in reverse, and may be called twice.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from einsora.api.redeemer import TicketRedeemer
 from einsora.api.revocations import Revocations
 from einsora.api.services.usage import Accounting
 from einsora.api.store import Store
+from einsora.api.streams import EventStreams
 from einsora.api.timeline import TimelineConsumer
 from einsora.common.bus import connect_as, identities, provision, tls_trusting
 from einsora.common.bus.provision import ALL_BUT_ROUTES
@@ -104,6 +106,8 @@ class ApiService:
         self.bus_auth: MachineBusAuth | None = None
         """The auth callout for machines' credentials, where the server runs one."""
         self._machines = MachinesView()
+        self.streams: EventStreams | None = None
+        """The open event streams (SSE) of this replica (once started)."""
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
         self.metrics_port: int | None = None
@@ -186,6 +190,12 @@ class ApiService:
             app.state.enrolments = self.enrolments  # joins and revocations
             app.state.bus_auth = self.bus_auth  # revocations cut the machine's connections
             app.state.accounting = Accounting(self.nc)  # usage reports ask accounting
+            app.state.streams = self.streams = EventStreams(
+                self.store,
+                js,
+                heartbeat_s=self.settings.api_stream_heartbeat_s,
+                per_token=self.settings.api_streams_per_token,
+            )
             config = uvicorn.Config(
                 app,
                 # httptools where installed, else h11, with the api's JSON answer to what it
@@ -239,6 +249,10 @@ class ApiService:
         log.info("api metrics listening", extra={"url": f"http://{host}:{self.metrics_port}"})
 
     async def stop(self) -> None:
+        if self.streams is not None:
+            # First: an open stream would hold uvicorn's graceful shutdown for its whole length.
+            await self.streams.close()
+            self.streams = None
         servers = [(self._server, self._serving), (self._metrics_server, self._metrics_serving)]
         self._server = self._serving = None
         self._metrics_server = self._metrics_serving = None

@@ -10,6 +10,7 @@ from fastapi import APIRouter
 from einsora.api.routers import (
     access,
     catalog,
+    events,
     gateway_keys,
     health,
     limits,
@@ -24,6 +25,7 @@ from einsora.api.routers import (
 
 ROUTERS: tuple[APIRouter, ...] = (
     workloads.router,
+    events.router,
     access.router,
     catalog.router,
     machines.router,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Path, Query
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from starlette.responses import Response
 
 from einsora.api.deps import (
@@ -21,6 +21,8 @@ from einsora.api.deps import (
     reply,
     traceparent_of,
 )
+from einsora.api.routers import events
+from einsora.api.routers.events import LastEventId, stream_responses
 from einsora.api.schemas.common import PageQuery
 from einsora.api.schemas.workloads import (
     TimelinePage,
@@ -156,11 +158,25 @@ async def remove_workload(
 
 @router.get(
     "/v1/workloads/{id}/events",
-    summary="A workload's timeline, oldest first",
+    summary="A workload's timeline, oldest first; with `follow=true`, its changes as "
+    "server-sent events (a `snapshot`, then each `workload` change; resume with Last-Event-ID)",
     response_model=TimelinePage,
-    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS, 404),
+    responses=stream_responses(404, page=True),
 )
 async def list_events(
-    call: Me, workload_id: WorkloadId, query: Annotated[PageQuery, Query()]
+    request: Request,
+    call: Me,
+    workload_id: WorkloadId,
+    query: Annotated[PageQuery, Query()],
+    follow: Annotated[
+        bool,
+        Query(
+            description="Answer with the workload's event stream (`text/event-stream`) instead "
+            "of a page of its timeline"
+        ),
+    ] = False,
+    last_event_id: LastEventId = None,
 ) -> Response:
+    if follow:
+        return await events.follow(request, call, workload_id, last_event_id)
     return reply(await timeline.list_entries(call.ctx.store, call.me, workload_id, query))
