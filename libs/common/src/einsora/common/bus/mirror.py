@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from einsora.common.bus.kv import bind_bucket
@@ -109,7 +110,11 @@ class KvMirror:
                 audit = await self._follow(watchers, reconnects)
                 full = not audit or self._nc.stats["reconnects"] != reconnects
             except _FAILURES as exc:
-                log.warning(
+                # Before its first read, a bucket not made yet is the api still starting (its
+                # service makes the buckets): no warning a person should read.
+                early = isinstance(exc, NotFoundError) and not self._synced.is_set()
+                log.log(
+                    logging.INFO if early else logging.WARNING,
                     "kv mirror read failed; retrying",
                     extra={"bucket": self._bucket.name, "error": repr(exc)},
                 )
