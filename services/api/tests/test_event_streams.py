@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import pytest_asyncio
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
@@ -24,8 +25,9 @@ from einsora.agent.service import AgentService
 from einsora.api.bootstrap import owner_tenant_id
 from einsora.api.services.machines import enrol_own
 from einsora.api.testing import RunningApi, eventually, new_tenant, running_api
-from einsora.common.bus import names
-from einsora.common.schemas import WorkloadEvent
+from einsora.common.bus import names, publish
+from einsora.common.ids import new_id
+from einsora.common.schemas import EventKind, WorkloadEvent, WorkloadState
 from einsora.common.settings import Settings
 from einsora.common.testing import Bus
 from einsora.scheduler.service import SchedulerService
@@ -397,3 +399,47 @@ async def test_a_snapshot_behind_the_bus_is_followed_by_what_it_missed(plane: Pl
         sse.close()
     finally:
         await timeline.start()
+
+
+@pytest.mark.slow
+async def test_a_stream_stays_open_across_a_minute_of_silence(bus: Bus, tmp_path: Path) -> None:
+    """The default heartbeat (15 s), in real time: what a proxy with a 60 s idle timeout sees."""
+    settings = Settings(
+        nats_url=bus.url, database_url=f"sqlite+aiosqlite:///{tmp_path / 'e.db'}", data_dir=tmp_path
+    )
+    assert settings.api_stream_heartbeat_s == 15
+    async with running_api(settings) as api:
+        sse = await stream(api, api.owner.token, "/v1/events")
+        assert (await sse.next_event()).event == "snapshot"
+        loop = asyncio.get_running_loop()
+        quiet_until = loop.time() + 61
+        pings = 0
+        while loop.time() < quiet_until:
+            frame = await sse.next(within_s=20)  # never more than a heartbeat and a bit
+            assert frame is not None, "the stream closed during the silence"
+            assert frame.event is None, f"no change was expected, got {frame}"
+            pings += frame.comment == "ping"
+        assert pings >= 4
+        # Still the same connection: a change the scheduler publishes now arrives on it.
+        assert api.service.store is not None
+        tenant = await owner_tenant_id(api.service.store)
+        assert tenant is not None
+        change = WorkloadEvent(
+            event_id=new_id("event"),
+            workload_id="w-after-the-silence",
+            tenant_id=tenant,
+            kind=EventKind.transition,
+            state=WorkloadState.queued,
+            reason="waiting",
+            seq=1,
+        )
+        await publish(
+            bus.js,
+            names.event_subject(change.workload_id),
+            change,
+            request_id=new_id("request"),
+            msg_id=change.event_id,
+        )
+        arrived = await sse.next_event()
+        assert arrived.data["workload_id"] == "w-after-the-silence"
+        sse.close()
