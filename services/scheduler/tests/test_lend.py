@@ -2,21 +2,20 @@
 
 Placement gives only the lent GPUs and at most the lent cores and memory; a narrowing preempts
 the guests that no longer fit after the grace and their minimum runtime, never the owner's own;
-lending again before then cancels it. The scheduler's wall clock is the test's own (`Clock`).
+lending again before then cancels it. The scheduler's wall clock is the test's own (`ManualClock`).
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
-from einsora.common.bus import bind_bucket, names
 from einsora.common.schemas import (
     Enrolment,
     SharingLevel,
     Target,
-    utcnow,
 )
+from einsora.common.testing import ManualClock, enrol
 
 if TYPE_CHECKING:
     from services.scheduler.tests.conftest import Sim, StartScheduler
@@ -25,33 +24,14 @@ OWNER = "t-alice"
 GUEST = "t-test"  # the tenant Sim launches as
 
 
-class Clock:
-    """A wall clock the test moves on."""
-
-    def __init__(self) -> None:
-        self.now = utcnow()
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
-
-
-async def _enrol(sim: Sim, machine_id: str, **fields: object) -> Enrolment:
-    """The machine's enrolment as the api puts it: Alice's, shared with the guest, by default."""
-    values: dict[str, object] = {
-        "machine_id": machine_id,
+async def _enrol(sim: Sim, machine_id: str, **fields: Any) -> Enrolment:
+    """The machine's enrolment as the api puts it: Alice's, shared with the guest by default."""
+    values: dict[str, Any] = {
         "owner_tenant_id": OWNER,
-        "region": "local",
         "sharing": SharingLevel.invite_only,
-        "guests": [GUEST],
+        "guests": (GUEST,),
     }
-    values.update(fields)
-    enrolment = Enrolment.model_validate(values)
-    kv = bind_bucket(sim.bus.js, names.ENROLMENTS)
-    await kv.put(names.enrolment_key(machine_id), enrolment.to_bytes())
-    return enrolment
+    return await enrol(sim.bus.js, machine_id, **(values | fields))
 
 
 async def _run(sim: Sim, machine_id: str, *workload_ids: str) -> None:
@@ -135,7 +115,7 @@ async def test_cores_and_memory_are_given_within_the_lend(
 async def test_a_narrowing_preempts_the_newest_guests_until_the_rest_fit(
     sim: Sim, start_scheduler: StartScheduler, sqlite_url: str
 ) -> None:
-    clock = Clock()
+    clock = ManualClock()
     await _enrol(sim, "m-1", reclaim_grace_s=120, guest_min_runtime_s=600)
     await sim.join("m-1", enrolled=None, gpus=0, cpus=16, memory_gib=64)
     await start_scheduler(sqlite_url, clock=clock)
@@ -187,7 +167,7 @@ async def test_a_narrowing_preempts_the_newest_guests_until_the_rest_fit(
 async def test_the_owners_workloads_are_never_preempted_by_a_narrowing(
     sim: Sim, start_scheduler: StartScheduler, sqlite_url: str
 ) -> None:
-    clock = Clock()
+    clock = ManualClock()
     gpus = [f"GPU-m-1-{i}" for i in range(2)]
     await _enrol(sim, "m-1", guest_min_runtime_s=0)
     await sim.join("m-1", enrolled=None, gpus=2)
@@ -222,7 +202,7 @@ async def test_the_owners_workloads_are_never_preempted_by_a_narrowing(
 async def test_lending_again_before_the_grace_ends_cancels_the_preemption(
     sim: Sim, start_scheduler: StartScheduler, sqlite_url: str
 ) -> None:
-    clock = Clock()
+    clock = ManualClock()
     await _enrol(sim, "m-1", guest_min_runtime_s=0)
     await sim.join("m-1", enrolled=None, gpus=2)
     await start_scheduler(sqlite_url, clock=clock)

@@ -1,17 +1,17 @@
 """Owner reclaim and preemption (ADR-0017), decided by a real scheduler on a real bus.
 
-The scheduler's wall clock is the test's own (`Clock`), so a grace and a minimum runtime pass
+The scheduler's wall clock is the test's own (`ManualClock`), so a grace and a minimum runtime pass
 at once, without waiting for them.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from einsora.common.bus import bind_bucket, names, publish
+from einsora.common.bus import names, publish
 from einsora.common.ids import new_id
 from einsora.common.schemas import (
     Enrolment,
@@ -19,8 +19,8 @@ from einsora.common.schemas import (
     Target,
     WorkloadIntent,
     WorkloadKind,
-    utcnow,
 )
+from einsora.common.testing import ManualClock, enrol
 
 if TYPE_CHECKING:
     from services.scheduler.tests.conftest import Sim, StartScheduler
@@ -29,33 +29,14 @@ OWNER = "t-alice"
 GUEST = "t-test"  # the tenant Sim launches as
 
 
-class Clock:
-    """A wall clock the test moves on."""
-
-    def __init__(self) -> None:
-        self.now = utcnow()
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
-
-
-async def _enrol(sim: Sim, machine_id: str, **fields: object) -> Enrolment:
+async def _enrol(sim: Sim, machine_id: str, **fields: Any) -> Enrolment:
     """The machine's enrolment as the api puts it: Alice's, shared with the guest by default."""
-    values: dict[str, object] = {
-        "machine_id": machine_id,
+    values: dict[str, Any] = {
         "owner_tenant_id": OWNER,
-        "region": "local",
         "sharing": SharingLevel.invite_only,
-        "guests": [GUEST],
+        "guests": (GUEST,),
     }
-    values.update(fields)
-    enrolment = Enrolment.model_validate(values)
-    kv = bind_bucket(sim.bus.js, names.ENROLMENTS)
-    await kv.put(names.enrolment_key(machine_id), enrolment.to_bytes())
-    return enrolment
+    return await enrol(sim.bus.js, machine_id, **(values | fields))
 
 
 async def _launch_as(sim: Sim, tenant_id: str) -> str:
@@ -104,7 +85,7 @@ def _noted(sim: Sim, workload_id: str, words: str) -> bool:
 async def test_a_reclaim_preempts_guests_after_the_grace_and_their_minimum_runtime(
     sim: Sim, start_scheduler: StartScheduler, sqlite_url: str
 ) -> None:
-    clock = Clock()
+    clock = ManualClock()
     await _enrol(sim, "m-1")
     await sim.join("m-1", enrolled=None, gpus=4)
     await start_scheduler(sqlite_url, clock=clock)
@@ -171,7 +152,7 @@ async def test_a_reclaim_preempts_guests_after_the_grace_and_their_minimum_runti
 async def test_a_guest_no_longer_shared_with_is_preempted_after_the_grace(
     sim: Sim, start_scheduler: StartScheduler, sqlite_url: str, narrowed: dict[str, object]
 ) -> None:
-    clock = Clock()
+    clock = ManualClock()
     await _enrol(sim, "m-1", guest_min_runtime_s=0)
     await sim.join("m-1", enrolled=None, gpus=2)
     await start_scheduler(sqlite_url, clock=clock)
@@ -206,7 +187,7 @@ async def test_a_guest_no_longer_shared_with_is_preempted_after_the_grace(
 async def test_a_reclaim_by_the_agent_counts_from_its_time(
     sim: Sim, start_scheduler: StartScheduler, sqlite_url: str
 ) -> None:
-    clock = Clock()
+    clock = ManualClock()
     await _enrol(sim, "m-1", guest_min_runtime_s=0, reclaim_grace_s=30)
     await sim.join("m-1", enrolled=None, gpus=1)
     await start_scheduler(sqlite_url, clock=clock)

@@ -75,7 +75,7 @@ class ApiClient:
             with urllib.request.urlopen(req, timeout=self._timeout_s) as resp:  # noqa: S310
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
-            raise _refusal(exc) from None
+            raise refusal(exc) from None
         except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
             reason = getattr(exc, "reason", exc)
             raise ApiUnreachable(
@@ -111,12 +111,15 @@ class ApiClient:
                 return items
 
 
-def _refusal(exc: urllib.error.HTTPError) -> ApiRefused:
+def refusal(exc: urllib.error.HTTPError) -> ApiRefused:
+    """The api's refusal (its error body, or the status alone), the response closed."""
     request_id = exc.headers.get("X-Request-ID")
     try:
         body = json.loads(exc.read() or b"{}")
     except ValueError:
         body = {}
+    finally:
+        exc.close()
     if not isinstance(body, dict):
         body = {}
     return ApiRefused(

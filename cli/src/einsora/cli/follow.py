@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from einsora.cli.client import ApiRefused, ApiUnreachable
+from einsora.cli.client import ApiRefused, ApiUnreachable, refusal
 
 RETRYABLE_STATUSES = frozenset({502, 503, 504})
 """An api shutting down or a proxy without an api behind it: worth connecting again."""
@@ -190,7 +190,7 @@ def _open(
         if exc.code in RETRYABLE_STATUSES or (retry_429 and exc.code == 429):
             exc.close()
             raise _Retry(f"HTTP {exc.code}") from None
-        raise _refusal(exc) from None
+        raise refusal(exc) from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         raise _Retry(str(getattr(exc, "reason", exc))) from None
     content_type = response.headers.get("Content-Type", "")
@@ -231,21 +231,3 @@ def _not_after(event_id: str | None, last: str | None) -> bool:
     if event_id.isdigit() and last.isdigit():
         return int(event_id) <= int(last)
     return False
-
-
-def _refusal(exc: urllib.error.HTTPError) -> ApiRefused:
-    request_id = exc.headers.get("X-Request-ID")
-    try:
-        body = json.loads(exc.read() or b"{}")
-    except ValueError:
-        body = {}
-    finally:
-        exc.close()
-    if not isinstance(body, dict):
-        body = {}
-    return ApiRefused(
-        exc.code,
-        str(body.get("error", f"http_{exc.code}")),
-        str(body.get("message", exc.reason)),
-        body.get("request_id") or request_id,
-    )

@@ -12,7 +12,9 @@ import contextlib
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -134,21 +136,39 @@ async def enrol(
     revoked: bool = False,
     sharing: SharingLevel = SharingLevel.private,
     guests: tuple[str, ...] = (),
+    **fields: Any,
 ) -> Enrolment:
     """Enrol a machine the way the api does (its record in the `enrolments` bucket), for tests
-    that play the api: the scheduler counts only enrolled machines."""
-    enrolment = Enrolment(
-        machine_id=machine_id,
-        owner_tenant_id=owner_tenant_id,
-        region=region,
-        sharing=sharing,
-        guests=list(guests),
-        tunnel=tunnel,
-        revoked_at=utcnow() if revoked else None,
+    that play the api: the scheduler counts only enrolled machines. `fields`: the enrolment's
+    other fields (a lend, a reclaim grace…)."""
+    enrolment = Enrolment.model_validate(
+        {
+            "machine_id": machine_id,
+            "owner_tenant_id": owner_tenant_id,
+            "region": region,
+            "sharing": sharing,
+            "guests": list(guests),
+            "tunnel": tunnel,
+            "revoked_at": utcnow() if revoked else None,
+            **fields,
+        }
     )
     kv = bind_bucket(js, names.ENROLMENTS)
     await kv.put(names.enrolment_key(machine_id), enrolment.to_bytes())
     return enrolment
+
+
+class ManualClock:
+    """A wall clock a test moves on (for code that takes a `clock` returning aware datetimes)."""
+
+    def __init__(self) -> None:
+        self.now = utcnow()
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
 
 
 def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
