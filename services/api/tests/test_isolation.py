@@ -33,6 +33,7 @@ ATTEMPTS: list[tuple[str, str, str, object]] = [
     ("POST", "/v1/workloads/{id}/resume", "parked_id", None),
     ("DELETE", "/v1/workloads/{id}", "workload_id", None),
     ("GET", "/v1/workloads/{id}/events", "workload_id", None),
+    ("GET", "/v1/workloads/{id}/export", "workload_id", None),
     ("POST", "/v1/workloads/{id}/access", "workload_id", None),
     ("DELETE", "/v1/tokens/{id}", "token_id", None),
     ("POST", "/v1/tenants/{id}/invitations", "tenant_id", {"username": "mallory", "role": "admin"}),

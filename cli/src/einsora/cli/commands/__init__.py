@@ -1,5 +1,5 @@
 """The API client commands of `einsora`: launch, ls, show, events, park, resume, rm, open,
-export, tokens, keys, endpoints, classes, machines, usage, quota, login.
+export, tokens, keys, endpoints, classes, machines, usage, quota, activity, login.
 
 Exit codes: 0 success, 1 the API refused (its message and request ID are printed), 2 a usage
 error, 3 the API cannot be reached (the URL tried is printed), 141 the output's reader went away
@@ -13,7 +13,16 @@ import sys
 from collections.abc import Callable
 
 from einsora.cli.client import ApiClient, ApiRefused, ApiUnreachable
-from einsora.cli.commands import catalog, endpoints, keys, machines, tokens, usage, workloads
+from einsora.cli.commands import (
+    activity,
+    catalog,
+    endpoints,
+    keys,
+    machines,
+    tokens,
+    usage,
+    workloads,
+)
 from einsora.cli.commands.options import common_options
 from einsora.cli.config import resolve
 from einsora.cli.pipes import quiet_on_closed_pipe
@@ -54,7 +63,7 @@ def run_action(action: Action) -> Callable[[argparse.Namespace], int]:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parent = common_options()
-    for module in (workloads, tokens, keys, endpoints, usage, machines, catalog):
+    for module in (workloads, tokens, keys, endpoints, usage, activity, machines, catalog):
         for name, help_text, configure, action in module.COMMANDS:
             parser = subparsers.add_parser(name, help=help_text, parents=[parent])
             configure(parser)

@@ -12,7 +12,7 @@ from typing import Any
 
 from einsora.cli import render
 from einsora.cli.client import ApiClient
-from einsora.cli.export import build_export
+from einsora.cli.export import fetch_export
 from einsora.cli.follow import SNAPSHOT, workload_events_path
 from einsora.common.vocab import WorkloadKind, WorkloadState
 
@@ -266,7 +266,7 @@ def _export_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _export(client: ApiClient, args: argparse.Namespace) -> int:
-    document = build_export(client, args.id)
+    document = fetch_export(client, args.id)
     text = json.dumps(document, indent=2, sort_keys=True) + "\n"
     if args.output:
         args.output.write_text(text)

@@ -6,8 +6,10 @@ every log line written while handling it carries them, through awaits and helper
 
 Two formats: short human lines (`HH:MM:SS LEVEL logger message key=value…`) for a terminal,
 JSON lines for a file, a journal or a collector. `auto`, the default, picks by whether the
-stream is a terminal. This module imports only the standard library: every command's parser
-uses `add_arguments`, and `einsora --help` must stay fast.
+stream is a terminal. Every line is passed through `redaction` first (its message, each field,
+a traceback): a token or a password logged by mistake comes out as `REDACTED`. This module
+imports only the standard library: every command's parser uses `add_arguments`, and
+`einsora --help` must stay fast.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
 from einsora.common.errors import ConfigError
+from einsora.common.redaction import REDACTED, redact, redact_text, secret_named_by
 
 if TYPE_CHECKING:
     from einsora.common.settings import Settings
@@ -64,12 +67,33 @@ def bound() -> dict[str, str]:
 
 
 def fields_of(record: logging.LogRecord) -> dict[str, Any]:
-    """The bound context, then the record's `extra=` fields."""
+    """The bound context, then the record's `extra=` fields, each with its secrets redacted."""
     fields: dict[str, Any] = dict(_CONTEXT.get() or {})
     for key, value in record.__dict__.items():
         if key not in _RECORD_ATTRS and not key.startswith("_"):
             fields[key] = value
-    return fields
+    return {key: _guarded(key, value) for key, value in fields.items()}
+
+
+def _guarded(key: str, value: Any) -> Any:
+    """A field as it may be written: whole `REDACTED` under a key that names a secret, else
+    with any secret in it replaced. Numbers, booleans and None pass as they are (cheap)."""
+    if value is None or isinstance(value, bool | int | float):
+        if value is not None and not isinstance(value, bool) and secret_named_by(key):
+            return REDACTED
+        return value
+    if secret_named_by(key) is not None and value != "":
+        return REDACTED
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, dict | list | tuple):
+        return redact(value)[0]
+    return redact_text(str(value))  # what the formatters would write: its text
+
+
+def message_of(record: logging.LogRecord) -> str:
+    """The record's message with its secrets redacted."""
+    return redact_text(record.getMessage())
 
 
 class JsonFormatter(logging.Formatter):
@@ -80,11 +104,11 @@ class JsonFormatter(logging.Formatter):
             "at": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": message_of(record),
         }
         entry.update(fields_of(record))
         if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
+            entry["exc"] = redact_text(self.formatException(record.exc_info))
         return json.dumps(entry, default=str)
 
 
@@ -93,12 +117,12 @@ class HumanFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         at = datetime.fromtimestamp(record.created).strftime("%H:%M:%S")
-        line = f"{at} {record.levelname:<5} {record.name} {_safe(record.getMessage())}"
+        line = f"{at} {record.levelname:<5} {record.name} {_safe(message_of(record))}"
         pairs = render_fields(fields_of(record))
         if pairs:
             line = f"{line} {pairs}"
         if record.exc_info:
-            line = f"{line}\n{self.formatException(record.exc_info)}"
+            line = f"{line}\n{redact_text(self.formatException(record.exc_info))}"
         return line
 
 
@@ -106,7 +130,7 @@ class TextFormatter(logging.Formatter):
     """A line in the caller's own `%`-format, with the bound context and extras appended."""
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+        line = redact_text(super().format(record))
         pairs = render_fields(fields_of(record))
         return f"{line} {pairs}" if pairs else line
 

@@ -168,6 +168,14 @@ class Settings(BaseSettings):
         description="Event streams one API token may hold open on one api replica (429 past it)",
     )
 
+    activity_retention_days: int = Field(
+        default=90,
+        ge=1,
+        le=36500,
+        description="Days the activity log keeps an entry (GET /v1/activity); older ones are "
+        "purged",
+    )
+
     # accounting and fair share
     fair_share_half_life_h: float = Field(
         default=24.0,

@@ -6,7 +6,8 @@ for the access log and the metrics, counts the request against the token's rate 
 tenant and subject to every later log line of the request, and gives the route a `Call`: the
 principal, the `ApiContext` the app was made over (`app.state.ctx`) and the request ID. `Launch`
 is the same for a launch, which counts against the token's launches per minute too. `Ctx` is
-the ApiContext alone, for the few routes that authenticate no one.
+the ApiContext alone, for the few routes that authenticate no one. On a mutating request each
+of them arms the request's activity-log action (`store.Action`) with its route and caller.
 
 `JsonBody(Model)` reads the body, within `MAX_BODY_BYTES` as it streams, and validates it with
 the model's own JSON parser: strict (no `"1"` for 1), whatever the Content-Type, a body that is
@@ -37,8 +38,10 @@ from starlette.responses import Response
 from einsora.api.auth import Principal, authenticate
 from einsora.api.context import ApiContext
 from einsora.api.errors import BadRequest, unprocessable
-from einsora.api.middleware import MAX_BODY_BYTES, bind_log_context
+from einsora.api.middleware import ACTION_SCOPE_KEY, MAX_BODY_BYTES, bind_log_context
 from einsora.api.schemas.common import ErrorBody, as_details
+from einsora.api.services.activity import action_name
+from einsora.api.store import Action
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -66,7 +69,31 @@ async def _authenticated(request: Request, *, launch: bool) -> Call:
     # request more (FastAPI's exit stack and cancel scopes around it).
     bind_log_context(scope, tenant=principal.tenant_id, subject=principal.user_id)
     await request.app.state.rate_limits.check(principal, launch=launch)
+    action: Action | None = scope.get(ACTION_SCOPE_KEY)
+    if action is not None:
+        # Armed past the rate limits: a refused flood writes no rows.
+        action.tenant_id, action.user_id = principal.tenant_id, principal.user_id
+        action.token_id = principal.token_id
+        _arm(action, scope, ctx)
     return Call(principal, ctx, scope["state"]["request_id"])
+
+
+def _arm(action: Action, scope: Mapping[str, Any], ctx: ApiContext) -> None:
+    """Arm the request's action with its route: from here its first write records it."""
+    route = scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    params: Mapping[str, Any] = scope.get("path_params") or {}
+    # The innermost id of the path is what the route acts on (the invitation of a tenant's).
+    target = str(list(params.values())[-1]) if params else None
+    action.arm(
+        ctx.store,
+        name=action_name(route.name),
+        route=f"{action.method} {route.path_format}",
+        at=ctx.clock(),
+        status=route.status_code or 200,
+        target=target,
+    )
 
 
 async def authenticated(request: Request) -> Call:
@@ -80,8 +107,12 @@ async def launching(request: Request) -> Call:
 
 
 async def context(request: Request) -> ApiContext:
-    """The ApiContext the app was made over, for a route that authenticates no one."""
+    """The ApiContext the app was made over, for a route that authenticates no one (its
+    action is armed without a caller: the route's service names who acts, `activity_actor`)."""
     ctx: ApiContext = request.app.state.ctx
+    action: Action | None = request.scope.get(ACTION_SCOPE_KEY)
+    if action is not None:
+        _arm(action, request.scope, ctx)
     return ctx
 
 

@@ -8,6 +8,11 @@ principal's dependency binds with `bind_log_context`). Pure ASGI, so it adds no 
 buffering per request. A failure the app's exception handlers did not answer is answered here,
 as a 500 with the error body and the request ID (`errors.api_error_of`).
 
+A mutating request (POST, PUT, PATCH, DELETE) gets its activity-log action here, bound for the
+request and armed by the route's dependency (`store.py` says how it is written); the edge
+settles it as the answer starts, before the caller can read the log, so every armed request
+leaves exactly one row that says how it ended.
+
 A body is limited while it is read, before anything parses it: a declared `Content-Length` over
 `MAX_BODY_BYTES` is refused at once, and a streamed body as soon as its bytes pass the limit, so
 no request can make the one event loop parse megabytes. A body framed two ways (`Content-Length`
@@ -16,6 +21,7 @@ and `Transfer-Encoding`, the shape of request smuggling) is refused, and the con
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -41,6 +47,7 @@ from einsora.api.errors import (
     error_response,
 )
 from einsora.api.metrics import UNMATCHED, ApiMetrics
+from einsora.api.store import Action, bound, settle
 from einsora.common import logs
 from einsora.common.ids import new_id
 
@@ -55,6 +62,11 @@ fields and a client's indentation. No route takes more."""
 
 _BOUND = "einsora.log_context"
 """The scope key of the request's ExitStack of log bindings (`bind_log_context`)."""
+
+ACTION_SCOPE_KEY = "einsora.action"
+"""The scope key of a mutating request's activity-log action (armed by `deps.py`)."""
+
+MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 def bind_log_context(scope: Scope, **fields: str) -> None:
@@ -120,12 +132,20 @@ class EdgeMiddleware:
         started = time.perf_counter()
         received = 0
 
+        action: Action | None = None
+        if scope["method"] in MUTATING:
+            action = scope[ACTION_SCOPE_KEY] = Action(
+                request_id, scope["method"], asyncio.current_task()
+            )
+
         async def send_with_id(message: Message) -> None:
             nonlocal status, responded
             if message["type"] == "http.response.start":
                 status = message["status"]
                 responded = True
                 MutableHeaders(scope=message).append("X-Request-ID", request_id)
+                if action is not None and action.armed:
+                    await settle(action, status)  # before the caller can read the log
             await send(message)
 
         async def receive_bounded() -> Message:
@@ -138,8 +158,10 @@ class EdgeMiddleware:
                     raise PayloadTooLarge(f"the body is over the limit of {MAX_BODY_BYTES} bytes")
             return message
 
-        with logs.bind(request_id=request_id), ExitStack() as bound:
-            scope[_BOUND] = bound
+        with logs.bind(request_id=request_id), ExitStack() as bindings:
+            scope[_BOUND] = bindings
+            if action is not None:
+                bindings.enter_context(bound(action))
             try:
                 refusal = _refusal(scope["headers"])
                 if refusal is not None:

@@ -1,6 +1,6 @@
 """The api's tables (SQLAlchemy Core): tenants, users, members, invitations, API tokens,
 workloads, timeline, outbox, idempotency keys, access tickets, tenant limits, gateway keys,
-tenant quotas, join tokens, enrolled machines and machine invitations.
+tenant quotas, join tokens, enrolled machines, machine invitations and the activity log.
 
 The api owns these tables and no other service reads them (DESIGN.md). Every time is stored in
 UTC and read back timezone-aware; the migrations in `migrations/versions` create exactly this
@@ -340,3 +340,27 @@ machine_invitations = sa.Table(
 """Invitations of a tenant or a user to use a machine (issue 15): accepted and not revoked, the
 tenant is one of the machine's `guests`, the user one of its `guest_users` (which count while
 its sharing is not private)."""
+
+activity = sa.Table(
+    "activity",
+    metadata,
+    sa.Column("seq", AUTO_ID, primary_key=True, autoincrement=True),
+    sa.Column("at", UtcDateTime(), nullable=False),
+    # No foreign keys: the record of what happened outlives what it names, and writing it
+    # must never fail on a row another transaction is changing.
+    sa.Column("tenant_id", ID, nullable=False),
+    sa.Column("user_id", ID, nullable=True),
+    # The id of the credential the action was made with (API token, join token, access
+    # ticket), never its secret.
+    sa.Column("token_id", ID, nullable=True),
+    sa.Column("action", sa.String(64), nullable=False),
+    sa.Column("route", sa.String(255), nullable=False),
+    sa.Column("target", MACHINE_ID, nullable=True),
+    sa.Column("outcome", sa.String(8), nullable=False),
+    sa.Column("status", sa.Integer(), nullable=False),
+    sa.Column("request_id", sa.String(64), nullable=False),
+    sa.Index(None, "tenant_id", "seq"),
+    sa.Index(None, "at"),
+)
+"""The activity log (issue 17): one row per API action, written in the transaction of the change
+it records (`store.py`); tenant admins read it, and rows past the retention are purged."""

@@ -5,7 +5,9 @@ provisions it, starts the timeline consumer, the machines view, the outbox relay
 anti-entropy (which provisions again if NATS comes back empty, and republishes lost intents;
 ADR-0011), the gateway keys sync (KV `gateway_keys` equal to the store's live keys), the
 tenant quotas sync (the `quota.*` keys of KV `usage` equal to the store's quotas), the
-enrolments sync (KV `enrolments` equal to the store's machines) and, where the server runs
+enrolments sync (KV `enrolments` equal to the store's machines), the activity log's retention
+(entries older than `activity_retention_days` purged, at start and every
+`activity_purge_period_s`) and, where the server runs
 one, the auth callout for machines' credentials (`bus_auth.py`), then
 serves HTTP with uvicorn in this process, event streams included (`streams.py`), and returns
 once it accepts connections. `stop()` ends the event streams first, then undoes all the rest,
@@ -41,6 +43,7 @@ from einsora.api.outbox import OutboxRelay
 from einsora.api.quotas_sync import QuotasSync
 from einsora.api.redeemer import TicketRedeemer
 from einsora.api.revocations import Revocations
+from einsora.api.services.activity import PURGE_PERIOD_S, ActivityRetention
 from einsora.api.services.usage import Accounting
 from einsora.api.store import Store
 from einsora.api.streams import EventStreams
@@ -77,6 +80,7 @@ class ApiService:
         host: str | None = None,
         clock: Callable[[], datetime] = utcnow,
         anti_entropy_period_s: float = ANTI_ENTROPY_PERIOD_S,
+        activity_purge_period_s: float = PURGE_PERIOD_S,
     ) -> None:
         self.settings = settings
         self.catalog = catalog or Catalog.load()
@@ -103,6 +107,9 @@ class ApiService:
         """Keeps the `quota.*` keys of KV `usage` equal to the tenants' quotas (once started)."""
         self.enrolments: EnrolmentsSync | None = None
         """Keeps KV `enrolments` equal to the store's machines (once started)."""
+        self._activity_purge_period_s = activity_purge_period_s
+        self.activity_retention: ActivityRetention | None = None
+        """Purges the activity log's entries past their retention (once started)."""
         self.bus_auth: MachineBusAuth | None = None
         """The auth callout for machines' credentials, where the server runs one."""
         self._machines = MachinesView()
@@ -158,6 +165,13 @@ class ApiService:
             await self.quotas.start()
             self.enrolments = EnrolmentsSync(self.store, self.nc, js)
             await self.enrolments.start()
+            self.activity_retention = ActivityRetention(
+                self.store,
+                retention_days=self.settings.activity_retention_days,
+                clock=self._now,
+                period_s=self._activity_purge_period_s,
+            )
+            await self.activity_retention.start()
             credentials_dir = self.settings.nats_credentials_dir
             if credentials_dir is not None and MachineBusAuth.wanted(credentials_dir):
                 self.bus_auth = MachineBusAuth(self.store)
@@ -270,6 +284,9 @@ class ApiService:
         if self.bus_auth is not None:
             await self.bus_auth.stop()
             self.bus_auth = None
+        if self.activity_retention is not None:
+            await self.activity_retention.stop()
+            self.activity_retention = None
         if self.enrolments is not None:
             await self.enrolments.stop()
             self.enrolments = None

@@ -9,8 +9,10 @@ from fastapi import APIRouter
 
 from einsora.api.routers import (
     access,
+    activity,
     catalog,
     events,
+    export,
     gateway_keys,
     health,
     limits,
@@ -25,6 +27,7 @@ from einsora.api.routers import (
 
 ROUTERS: tuple[APIRouter, ...] = (
     workloads.router,
+    export.router,
     events.router,
     access.router,
     catalog.router,
@@ -34,6 +37,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     limits.router,
     quotas.router,
     usage.router,
+    activity.router,
     tokens.router,
     gateway_keys.router,
     health.router,

@@ -20,7 +20,7 @@ from einsora.api import models as m
 from einsora.api.auth import Principal, secret_hash
 from einsora.api.errors import Conflict, NotFound
 from einsora.api.schemas.access import AccessOut
-from einsora.api.store import Store
+from einsora.api.store import Store, activity_actor, activity_refused
 from einsora.common import lifecycle
 from einsora.common.ids import is_id, new_id
 from einsora.common.schemas import (
@@ -35,6 +35,10 @@ from einsora.common.settings import Settings
 from einsora.common.sites import SiteConfig
 
 TICKET_TTL = timedelta(seconds=60)
+REDEEMED_STATUS = 303
+"""What the proxy answers a redeemed ticket (a redirect into the site), as the log records it."""
+REFUSED_STATUS = 403
+"""What the proxy answers a refused one."""
 Clock = Callable[[], datetime]
 
 
@@ -139,17 +143,21 @@ async def redeem(
         )
         row = (
             await conn.execute(
-                sa.select(t.workload_id, t.tenant_id, t.user_id, t.expires_at, t.redeemed_at).where(
-                    t.secret_sha256 == digest
-                )
+                sa.select(
+                    t.id, t.workload_id, t.tenant_id, t.user_id, t.expires_at, t.redeemed_at
+                ).where(t.secret_sha256 == digest)
             )
         ).first()
+        if row is not None:  # the activity log names the ticket (never its secret) and its user
+            activity_actor(tenant_id=row.tenant_id, user_id=row.user_id, token_id=row.id)
         if won.rowcount != 1 or row is None:
+            activity_refused(REFUSED_STATUS)
             return AccessRedeemReply(ok=False, error=_why(row, ask.workload_id, now))
         state = await conn.scalar(
             sa.select(m.workloads.c.state).where(m.workloads.c.id == row.workload_id)
         )
         if state != WorkloadState.running.value:
+            activity_refused(REFUSED_STATUS)
             return AccessRedeemReply(ok=False, error="not_running")
         await _note(conn, row.workload_id, state, "access link used", ask.request_id[:64], now)
     return AccessRedeemReply(

@@ -27,7 +27,7 @@ from einsora.api.schemas.gateway_keys import (
     GatewayKeyOut,
     GatewayKeyPage,
 )
-from einsora.api.store import Store
+from einsora.api.store import Store, activity_target
 from einsora.common.ids import is_id, new_id
 from einsora.common.schemas import GatewayKey, utcnow
 
@@ -63,6 +63,7 @@ async def create(
     models = list(dict.fromkeys(body.models)) if body.models is not None else None
     expires_at = now + timedelta(days=body.expires_in_days) if body.expires_in_days else None
     key_sha256 = secret_hash(key)
+    activity_target(key_id)
     async with store.write() as conn:
         await conn.execute(
             sa.insert(m.gateway_keys).values(

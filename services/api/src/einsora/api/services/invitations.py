@@ -37,7 +37,7 @@ from einsora.api.schemas.tenants import (
 )
 from einsora.api.services import tokens
 from einsora.api.services.tenants import visible_tenant
-from einsora.api.store import Store
+from einsora.api.store import Store, activity_actor, activity_target
 from einsora.common.ids import is_id, new_id
 from einsora.common.schemas import utcnow
 
@@ -270,6 +270,9 @@ async def redeem(store: Store, body: InvitationRedeem) -> Joined:
             ),
         )
         username = row._mapping["username"]
+        # No token authenticated the redeemer: its row names the tenant (and the new user).
+        activity_actor(tenant_id=row._mapping["tenant_id"], user_id=None)
+        activity_target(row._mapping["id"])
         taken = await conn.scalar(sa.select(m.users.c.id).where(m.users.c.username == username))
         if taken is not None:
             raise Conflict(
@@ -281,4 +284,5 @@ async def redeem(store: Store, body: InvitationRedeem) -> Joined:
         await conn.execute(
             sa.insert(m.users).values(id=user_id, username=username, created_at=utcnow())
         )
+        activity_actor(tenant_id=row._mapping["tenant_id"], user_id=user_id)
         return await _join(conn, row, user_id, f"first token in {row.tenant_name}")

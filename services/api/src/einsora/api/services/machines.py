@@ -40,7 +40,7 @@ from einsora.api.schemas.machines import (
     MachineLend,
     MachineUsable,
 )
-from einsora.api.store import Store
+from einsora.api.store import Store, activity_actor, activity_target
 from einsora.common.bus.names import is_subject_token
 from einsora.common.ids import is_id, new_id
 from einsora.common.schemas import Enrolment, Inventory, Lend, SharingLevel, utcnow
@@ -93,6 +93,7 @@ async def create_join_token(
     now = now or utcnow()
     token = _secret(JOIN_TOKEN_PREFIX)
     token_id = new_id("join_token")
+    activity_target(token_id)
     expires_at = now + timedelta(hours=body.expires_in_hours)
     async with store.write() as conn:
         await conn.execute(
@@ -185,6 +186,10 @@ async def join(
                 sa.select(m.join_tokens).where(_t.secret_sha256 == secret_hash(body.token))
             )
         ).first()
+        if token is not None:
+            # A join is the token's: its row names the token and its creator, and the machine.
+            activity_actor(tenant_id=token.tenant_id, user_id=token.user_id, token_id=token.id)
+            activity_target(machine_id)
         if (
             token is None
             or token.revoked_at is not None

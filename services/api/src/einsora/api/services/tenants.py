@@ -27,7 +27,7 @@ from einsora.api.schemas.tenants import (
     TenantRef,
     UserOut,
 )
-from einsora.api.store import Store
+from einsora.api.store import Store, activity_target
 from einsora.common.ids import is_id, new_id
 from einsora.common.schemas import utcnow
 
@@ -46,6 +46,7 @@ async def create_tenant(store: Store, principal: Principal, body: TenantCreate) 
         raise Forbidden("only the operator creates tenants")
     now = utcnow()
     tenant = TenantOut(id=new_id("tenant"), name=body.name, created_at=now)
+    activity_target(tenant.id)
     async with store.write() as conn:
         taken = await conn.scalar(sa.select(m.tenants.c.id).where(m.tenants.c.name == body.name))
         if taken is not None:

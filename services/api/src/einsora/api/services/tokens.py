@@ -19,7 +19,7 @@ from einsora.api.errors import Forbidden, NotFound
 from einsora.api.pagination import keyset_page
 from einsora.api.schemas.common import PageQuery
 from einsora.api.schemas.tokens import TokenCreate, TokenCreated, TokenOut, TokenPage
-from einsora.api.store import Store
+from einsora.api.store import Store, activity_target
 from einsora.common.ids import is_id, new_id
 from einsora.common.schemas import utcnow
 
@@ -66,7 +66,7 @@ async def create(store: Store, principal: Principal, body: TokenCreate) -> Token
     if body.operator and not principal.is_operator:
         raise Forbidden("only an operator token may make a token with operator rights")
     async with store.write() as conn:
-        return await issue(
+        made = await issue(
             conn,
             tenant_id=principal.tenant_id,
             user_id=principal.user_id,
@@ -74,6 +74,8 @@ async def create(store: Store, principal: Principal, body: TokenCreate) -> Token
             expires_in_days=body.expires_in_days,
             operator=body.operator,
         )
+        activity_target(made.id)
+        return made
 
 
 def _own(principal: Principal) -> sa.ColumnElement[bool]:

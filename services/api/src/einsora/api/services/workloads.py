@@ -42,7 +42,7 @@ from einsora.api.schemas.workloads import (
 )
 from einsora.api.services import endpoints
 from einsora.api.services.limits import check_workload_cap, has_own_cap
-from einsora.api.store import Store
+from einsora.api.store import Store, activity_target, current_action
 from einsora.common import lifecycle
 from einsora.common.catalog import Catalog
 from einsora.common.ids import is_id, new_id
@@ -277,12 +277,16 @@ async def create(
             )
         )
     capped = default_cap > 0 or await has_own_cap(store, principal.tenant_id)
+    activity_target(workload_id)  # its activity row joins the launch's unit (`Store.run`)
+    action = current_action()
 
     def insert(conn: sa.Connection) -> WorkloadOut | None:
         """The launch's one transaction (shared with concurrent ones): None when inserted."""
         if idempotency_key:
             prior = _replay(conn, principal, idempotency_key, print_)
             if prior is not None:
+                if action is not None:
+                    action.target = prior.id  # a replay acts on the first launch's workload
                 return prior
         if capped:
             # Counted in the transaction that inserts: concurrent launches cannot all pass.

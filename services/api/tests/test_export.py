@@ -1,0 +1,239 @@
+"""`GET /v1/workloads/{id}/export`: one document that validates against its published JSON
+Schema, holds the spec as submitted, the placements, the complete timeline and the usage
+accounting metered, with every secret `REDACTED` and listed; another tenant gets a 404.
+
+Against a real api, a real nats-server and the real accounting service, fed the scheduler's
+events on the bus as the scheduler publishes them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]  # no stubs; see the report
+import pytest
+import pytest_asyncio
+
+from einsora.accounting.service import AccountingService
+from einsora.accounting.testing import SchedulerPlayer, events_done, held
+from einsora.api.schemas.export import SCHEMA, json_schema_text
+from einsora.api.testing import Client, RunningApi, eventually, new_member, new_tenant
+from einsora.common.schemas import Placement, WorkloadState
+from einsora.common.settings import Settings
+from einsora.common.testing import Bus
+
+SCHEMA_FILE = Path(__file__).parents[3] / "docs" / "schemas" / "workload-export-v1.json"
+
+HF_TOKEN = "hf_" + "Q7" * 17
+URI_PASSWORD = "hunterX9-secret"
+BEARER = "tsk_" + "Zq9" * 12
+PULL_PASSWORD = "pullPass42X"
+SPEC: dict[str, Any] = {
+    "image": "ghcr.io/example/notebook:1.2",
+    "env": {"HF_TOKEN": HF_TOKEN, "MODE": "fast"},
+    "model": f"s3://ann:{URI_PASSWORD}@bucket.example.org:9000/model.gguf",
+    "headers": [f"Authorization: Bearer {BEARER}"],
+    "max_tokens": 512,
+}
+PLANTED = (HF_TOKEN, URI_PASSWORD, BEARER, PULL_PASSWORD)
+
+
+def _validate(document: dict[str, Any]) -> None:
+    schema = json.loads(SCHEMA_FILE.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(
+        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+    )
+    errors = [f"{e.json_path}: {e.message}" for e in validator.iter_errors(document)]
+    assert errors == []
+
+
+def test_the_published_schema_is_up_to_date() -> None:
+    assert SCHEMA_FILE.read_text() == json_schema_text(), (
+        "regenerate it: python -m einsora.api.schemas.export > docs/schemas/workload-export-v1.json"
+    )
+
+
+@pytest_asyncio.fixture
+async def accounting(bus: Bus, tmp_path: Path, data_dir: Path) -> AsyncIterator[None]:
+    """Accounting on the test's bus, with a store of its own."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'accounting.db'}"
+    service = AccountingService(
+        Settings(nats_url=bus.url, database_url=url, data_dir=data_dir), publish_debounce_s=0.05
+    )
+    await service.start()
+    try:
+        yield
+    finally:
+        await service.stop()
+
+
+async def _launch(client: Client) -> dict[str, Any]:
+    made = await client.post(
+        "/v1/workloads", {"kind": "notebook", "class": "cpu-1c-2g", "spec": SPEC}
+    )
+    assert made.status == 201, made.text
+    body: dict[str, Any] = made.body
+    return body
+
+
+async def _run_for_two_hours(
+    bus: Bus, api: RunningApi, client: Client, workload: dict[str, Any]
+) -> datetime:
+    """The scheduler places the workload, runs it 2 h on 2 cores and parks it: four entries in
+    its timeline (the launch, and three), one reason holding a registry's password. Returns
+    when the api's clock is set, an hour after that."""
+    created = datetime.fromisoformat(workload["created_at"])
+    scheduler = SchedulerPlayer(bus.js)
+    tenant, workload_id = workload["tenant_id"], workload["id"]
+    what = held(0, machine="m-1", placed_class="cpu-1c-2g", cpus=2)
+    steps = [
+        (WorkloadState.scheduled, 1, "placed on m-1 (best fit: 2 cores and 4 GiB of 8 free)"),
+        (
+            WorkloadState.running,
+            1,
+            f"started; image pulled from https://robot:{PULL_PASSWORD}@registry.example.org",
+        ),
+        (WorkloadState.parking, 3, "parking: the user asked"),
+    ]
+    for state, hour, reason in steps:
+        event = scheduler.event(
+            workload_id, state, created + timedelta(hours=hour), tenant_id=tenant, metered=what
+        ).model_copy(update={"reason": reason})
+        if state is WorkloadState.scheduled:
+            event = event.model_copy(
+                update={
+                    "placement": Placement(region="local", machine="m-1", placed_class="cpu-1c-2g")
+                }
+            )
+        await scheduler.send(event)
+    await events_done(bus.js)
+
+    async def all_in() -> bool:
+        entries = (await client.get(f"/v1/workloads/{workload_id}/events")).body["items"]
+        return len(entries) == 4
+
+    await eventually(all_in)
+    now = created + timedelta(hours=4)
+    api.service.clock = lambda: now
+    return now
+
+
+async def test_the_export_holds_everything_with_every_secret_redacted_and_listed(
+    api: RunningApi, bus: Bus, accounting: None
+) -> None:
+    tenant_id, ann = await new_tenant(api, "physics", "ann")
+    workload = await _launch(ann)
+    now = await _run_for_two_hours(bus, api, ann, workload)
+    path = f"/v1/workloads/{workload['id']}"
+
+    answer = await ann.get(f"{path}/export")
+    assert answer.status == 200, answer.text
+    document = answer.body
+    _validate(document)
+    text = json.dumps(document)
+    for secret in PLANTED:
+        assert secret not in text
+    assert document["schema"] == SCHEMA
+    assert datetime.fromisoformat(document["exported_at"]) == now
+
+    # The inputs as submitted, less their secrets.
+    shown = document["workload"]
+    assert (shown["id"], shown["tenant_id"], shown["kind"], shown["class"]) == (
+        workload["id"],
+        tenant_id,
+        "notebook",
+        "cpu-1c-2g",
+    )
+    assert (shown["count"], shown["region"], shown["fallback"]) == (1, "local", [])
+    assert shown["created_at"] == workload["created_at"]
+    assert shown["spec"] == {
+        **SPEC,
+        "env": {"HF_TOKEN": "REDACTED", "MODE": "fast"},
+        "model": "s3://ann:REDACTED@bucket.example.org:9000/model.gguf",
+        "headers": ["Authorization: Bearer REDACTED"],
+    }
+    assert shown["placement"]["machine"] == "m-1"
+
+    # The complete timeline, as the timeline route shows it (the reason redacted).
+    timeline = (await ann.get(f"{path}/events")).body["items"]
+    assert [(e["at"], e["state"]) for e in document["timeline"]] == [
+        (e["at"], e["state"]) for e in timeline
+    ]
+    assert document["timeline"][2]["reason"] == (
+        "started; image pulled from https://robot:REDACTED@registry.example.org"
+    )
+    assert [(p["state"], p["machine"]) for p in document["placement_history"]] == [
+        ("scheduled", "m-1")
+    ]
+    assert document["placement_history"][0]["at"] == document["timeline"][1]["at"]
+
+    assert sorted((r["path"], r["kind"]) for r in document["redactions"]) == [
+        ("$.timeline[2].reason", "password in a URI"),
+        ("$.workload.spec.env.HF_TOKEN", "huggingface token"),
+        ("$.workload.spec.headers[0]", "bearer credential"),
+        ("$.workload.spec.model", "password in a URI"),
+    ]
+
+    # Usage: 2 cores for 2 h, on one day or two (the hours may cross midnight UTC).
+    usage = document["usage"]
+    assert usage["from"] == workload["created_at"]
+    assert (usage["gpu_hours"], usage["cpu_core_hours"]) == (0.0, pytest.approx(4.0))
+    assert sum(d["cpu_core_hours"] for d in usage["by_day"]) == pytest.approx(4.0)
+    assert [(c["group"], c["cpu_core_hours"]) for c in usage["by_placed_class"]] == [
+        ("cpu-1c-2g", pytest.approx(4.0))
+    ]
+    assert usage["tokens"] == []  # a notebook serves no tokens
+    assert document["notes"] == []
+
+
+async def test_another_tenant_gets_a_404_and_a_member_no_one_elses_usage(
+    api: RunningApi, bus: Bus, accounting: None
+) -> None:
+    tenant_id, ann = await new_tenant(api, "physics", "ann")
+    bob = await new_member(api, tenant_id, "bob", by=ann)
+    _, intruder = await new_tenant(api, "chemistry", "cat")
+    workload = await _launch(ann)
+    await _run_for_two_hours(bus, api, ann, workload)
+    path = f"/v1/workloads/{workload['id']}/export"
+
+    # Another tenant's workload answers as one that does not exist.
+    answers = [
+        await intruder.get(f"/v1/workloads/{workload_id}/export")
+        for workload_id in (workload["id"], "w-01nonexistent0000000000", "..%2Fme")
+    ]
+    for answer in answers:
+        assert answer.status == 404, answer.text
+        assert answer.body["error"] == "not_found"
+        assert "spec" not in answer.body
+    assert answers[0].body["message"] == f"no workload {workload['id']!r}"
+    assert answers[1].body["message"] == "no workload 'w-01nonexistent0000000000'"
+
+    answer = await bob.get(path)
+    assert answer.status == 200, answer.text
+    _validate(answer.body)
+    assert answer.body["usage"] is None
+    assert answer.body["notes"] == [
+        "usage is left out: a member sees the usage of their own workloads only"
+    ]
+    assert len(answer.body["timeline"]) == 4
+
+
+async def test_without_accounting_the_export_says_usage_is_left_out(
+    shared_api: RunningApi,
+) -> None:
+    _, admin = await new_tenant(shared_api, "export-alone", "export-alone-admin")
+    workload = await _launch(admin)
+    answer = await admin.get(f"/v1/workloads/{workload['id']}/export")
+    assert answer.status == 200, answer.text
+    _validate(answer.body)
+    assert answer.body["usage"] is None
+    (note,) = answer.body["notes"]
+    assert note.startswith("usage is left out: ")
+    assert "accounting" in note
+    assert [e["state"] for e in answer.body["timeline"]] == ["pending"]
+    assert len(answer.body["redactions"]) == 3
