@@ -27,6 +27,7 @@ from einsora.common.bus import names
 from einsora.common.ids import new_id
 from einsora.common.schemas import (
     MAX_REPORT_ITEMS,
+    CountSource,
     ReportGroup,
     TokenUsage,
     UsageReportReply,
@@ -43,6 +44,9 @@ NOW = T0 + hours(6)
 MIDNIGHT = datetime(T0.year, T0.month, T0.day, tzinfo=UTC)
 TENANTS = ("t-a", "t-b", "t-c")
 KEYS = ("gk-1", "gk-2", "gk-3")
+ENDPOINTS = ("w-ep-1", "w-ep-1-r1", "w-ep-2", "w-ep-3")
+"""The replicas that served the tokens (an endpoint's own id, or one of its replicas')."""
+SOURCES = tuple(CountSource)
 
 Totals = dict[str, list[float]]
 
@@ -63,10 +67,11 @@ def expected(
     tenant_ids: list[str] | None = None,
     workload_ids: list[str] | None = None,
     key_ids: list[str] | None = None,
+    endpoint_ids: list[str] | None = None,
 ) -> Totals:
     """The report worked out by hand: second by second of overlap, midnight by midnight."""
     totals: Totals = defaultdict(lambda: [0.0, 0.0, 0, 0])
-    if group_by is not ReportGroup.key:
+    if group_by not in (ReportGroup.key, ReportGroup.key_source):
         for a in allocations:
             if tenant_ids is not None and a.tenant_id not in tenant_ids:
                 continue
@@ -88,7 +93,7 @@ def expected(
                 totals[group][0] += a.gpu_count * seconds
                 totals[group][1] += a.cpus * seconds
                 lo = piece
-    if group_by in (ReportGroup.tenant, ReportGroup.key, ReportGroup.day):
+    if group_by in (ReportGroup.tenant, ReportGroup.key, ReportGroup.key_source, ReportGroup.day):
         for u in tokens:
             if not start <= u.at < end:
                 continue
@@ -96,9 +101,12 @@ def expected(
                 continue
             if key_ids is not None and u.key_id not in key_ids:
                 continue
+            if endpoint_ids is not None and u.endpoint not in endpoint_ids:
+                continue
             group = {
                 ReportGroup.tenant: u.tenant_id,
                 ReportGroup.key: u.key_id,
+                ReportGroup.key_source: f"{u.key_id}/{u.source.value}",
                 ReportGroup.day: u.at.date().isoformat(),
             }[group_by]
             totals[group][2] += u.prompt_tokens
@@ -124,7 +132,7 @@ async def history(
     scheduler: SchedulerPlayer, gateway: GatewayPlayer
 ) -> tuple[list[str], list[TokenUsage]]:
     """Forty workloads over a week, some across midnights, some still open, some resumed; and
-    token counts, some on the hour."""
+    token counts, some on the hour, served by four replicas, counted from every source."""
     rng = random.Random(13)
     workloads = []
     for i in range(40):
@@ -166,6 +174,8 @@ async def history(
             key_id=KEYS[i % 3],
             prompt=rng.randint(0, 500),
             completion=rng.randint(0, 500),
+            endpoint=ENDPOINTS[i % 4],
+            source=SOURCES[i // 2 % 3],
         )
         tokens.append(usage)
         await gateway.send(usage)
@@ -233,11 +243,16 @@ async def test_filters_narrow_allocations_and_tokens_separately(
         {"tenant_ids": ["t-a"], "workload_ids": workloads[:12], "key_ids": ["gk-1", "gk-3"]},
         {"workload_ids": [], "key_ids": []},
         {"tenant_ids": []},
+        {"endpoint_ids": ["w-ep-1", "w-ep-1-r1"]},
+        {"tenant_ids": ["t-a"], "key_ids": ["gk-1", "gk-2"], "endpoint_ids": ["w-ep-2"]},
+        {"endpoint_ids": []},
     ]
     for filters in cases:
         for group_by in ReportGroup:
             reply = await ask_report(bus.nc, request(group_by, start, end, **filters))
             want = expected(allocations, tokens, group_by, start, end, **filters)
+            if group_by is ReportGroup.key_source and filters.get("endpoint_ids"):
+                assert want, "the history should have tokens served by these endpoints"
             try:
                 assert_matches(reply, want)
             except AssertionError as exc:

@@ -1,9 +1,10 @@
 """`GET /v1/workloads/{id}/export`: one document that validates against its published JSON
 Schema, holds the spec as submitted, the placements, the complete timeline and the usage
-accounting metered, with every secret `REDACTED` and listed; another tenant gets a 404.
+accounting metered (an endpoint's tokens by key and count source, its replicas' included), with
+every secret `REDACTED` and listed; another tenant gets a 404.
 
 Against a real api, a real nats-server and the real accounting service, fed the scheduler's
-events on the bus as the scheduler publishes them.
+events and the gateway's token counts on the bus as they publish them.
 """
 
 from __future__ import annotations
@@ -14,15 +15,21 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]  # no stubs; see the report
+import jsonschema
 import pytest
 import pytest_asyncio
 
 from einsora.accounting.service import AccountingService
-from einsora.accounting.testing import SchedulerPlayer, events_done, held
+from einsora.accounting.testing import (
+    GatewayPlayer,
+    SchedulerPlayer,
+    events_done,
+    held,
+    tokens_done,
+)
 from einsora.api.schemas.export import SCHEMA, json_schema_text
 from einsora.api.testing import Client, RunningApi, eventually, new_member, new_tenant
-from einsora.common.schemas import Placement, WorkloadState
+from einsora.common.schemas import CountSource, Placement, WorkloadState
 from einsora.common.settings import Settings
 from einsora.common.testing import Bus
 
@@ -167,9 +174,10 @@ async def test_the_export_holds_everything_with_every_secret_redacted_and_listed
     assert document["timeline"][2]["reason"] == (
         "started; image pulled from https://robot:REDACTED@registry.example.org"
     )
-    assert [(p["state"], p["machine"]) for p in document["placement_history"]] == [
-        ("scheduled", "m-1")
-    ]
+    assert [
+        (p["state"], p["region"], p["machine"], p["placed_class"])
+        for p in document["placement_history"]
+    ] == [("scheduled", "local", "m-1", "cpu-1c-2g")]  # as the event placed it
     assert document["placement_history"][0]["at"] == document["timeline"][1]["at"]
 
     assert sorted((r["path"], r["kind"]) for r in document["redactions"]) == [
@@ -189,6 +197,74 @@ async def test_the_export_holds_everything_with_every_secret_redacted_and_listed
     ]
     assert usage["tokens"] == []  # a notebook serves no tokens
     assert document["notes"] == []
+
+
+async def test_an_endpoints_export_lists_its_tokens_by_key_and_count_source(
+    api: RunningApi, bus: Bus, accounting: None
+) -> None:
+    tenant_id, ann = await new_tenant(api, "physics", "ann")
+    theirs, _ = await new_tenant(api, "chemistry", "cat")
+    spec = {"runtime": "llamacpp", "model": "/m/x.gguf", "replicas": 2}
+    made = await ann.post(
+        "/v1/workloads", {"kind": "endpoint", "class": "cpu-1c-2g", "name": "chat", "spec": spec}
+    )
+    assert made.status == 201, made.text
+    endpoint = made.body
+    listed = (await ann.get("/v1/workloads?kind=endpoint")).body["items"]
+    (replica,) = [w["id"] for w in listed if w["replica_of"] == endpoint["id"]]
+    other = await ann.post(
+        "/v1/workloads", {"kind": "endpoint", "class": "cpu-1c-2g", "name": "code", "spec": spec}
+    )
+    assert other.status == 201, other.text
+    keys = []
+    for name in ("lab", "ci"):
+        key = await ann.post("/v1/gateway/keys", {"name": name})
+        assert key.status == 201, key.text
+        keys.append(key.body["id"])
+    lab, ci = keys
+
+    # The gateway's counts: the endpoint and its replica answer both keys, from two sources;
+    # the other endpoint, and another tenant's key, are not this endpoint's.
+    gateway = GatewayPlayer(bus.js)
+    at = datetime.fromisoformat(endpoint["created_at"]) + timedelta(minutes=5)
+    counts = [
+        (lab, endpoint["id"], CountSource.upstream, 100, 20),
+        (lab, replica, CountSource.upstream, 11, 2),
+        (lab, replica, CountSource.estimate, 7, 3),
+        (ci, endpoint["id"], CountSource.tokenizer, 40, 9),
+        (ci, other.body["id"], CountSource.tokenizer, 1000, 1000),
+    ]
+    for key_id, served_by, source, prompt, completion in counts:
+        usage = gateway.usage(
+            at,
+            tenant_id=tenant_id,
+            key_id=key_id,
+            endpoint=served_by,
+            source=source,
+            prompt=prompt,
+            completion=completion,
+        )
+        await gateway.send(usage)
+    elsewhere = gateway.usage(at, tenant_id=theirs, key_id="gk-theirs", endpoint=replica)
+    await gateway.send(elsewhere)
+    await tokens_done(bus.js)
+    api.service.clock = lambda: at + timedelta(hours=1)
+
+    answer = await ann.get(f"/v1/workloads/{endpoint['id']}/export")
+    assert answer.status == 200, answer.text
+    _validate(answer.body)
+    assert answer.body["notes"] == []
+    tokens = [
+        (t["key_id"], t["key_name"], t["source"], t["prompt_tokens"], t["completion_tokens"])
+        for t in answer.body["usage"]["tokens"]
+    ]
+    assert tokens == sorted(
+        [
+            (lab, "lab", "estimate", 7, 3),
+            (lab, "lab", "upstream", 111, 22),
+            (ci, "ci", "tokenizer", 40, 9),
+        ]
+    )
 
 
 async def test_another_tenant_gets_a_404_and_a_member_no_one_elses_usage(

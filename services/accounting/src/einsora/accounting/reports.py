@@ -7,9 +7,11 @@
   `class` (the placed class) and `region` sum allocations only (a token is not spent on a class
   or a region, and the endpoint that served it belongs to whoever launched it, not to who sent
   it); `key` sums tokens only. So the api folds a user's report from their workloads' rows and
-  their keys' rows without counting anything twice.
-- Filters: `tenant_ids` (both), `workload_ids` (allocations), `key_ids` (tokens); an empty list
-  matches nothing, None everything.
+  their keys' rows without counting anything twice. `key_source` sums tokens by key and count
+  source, labelled `<key_id>/<source>` (the workload export's tokens).
+- Filters: `tenant_ids` (both), `workload_ids` (allocations), `key_ids` and `endpoint_ids`
+  (tokens: the key that sent them, the replica that served them); an empty list matches
+  nothing, None everything.
 
 Fast whatever the history: whole days come from the day sums (or the day pieces, for a
 workload's figures), the partial days at the two edges from the day pieces of those days
@@ -36,6 +38,7 @@ from einsora.common.schemas import (
     UsageReportReply,
     UsageReportRequest,
 )
+from einsora.common.schemas.usage import key_source_group
 
 AnySelect = sa.Select[*tuple[Any, ...]]
 
@@ -46,7 +49,7 @@ MAX_RANGE = timedelta(days=3660)
 
 _G = ReportGroup
 _ALLOCATIONS = frozenset({_G.tenant, _G.workload, _G.klass, _G.region, _G.day})
-_TOKENS = frozenset({_G.tenant, _G.key, _G.day})
+_TOKENS = frozenset({_G.tenant, _G.key, _G.key_source, _G.day})
 _FROM_DAY_SUMS = frozenset({_G.tenant, _G.klass, _G.region, _G.day})
 """Groups the day sums can answer (they have no workload column)."""
 
@@ -79,6 +82,7 @@ def what_is_wrong(request: UsageReportRequest) -> str | None:
         ("tenant_ids", request.tenant_ids),
         ("workload_ids", request.workload_ids),
         ("key_ids", request.key_ids),
+        ("endpoint_ids", request.endpoint_ids),
     ):
         if ids is not None and len(ids) > MAX_FILTER:
             return f"`{name}` may list at most {MAX_FILTER:,} ids"
@@ -287,38 +291,64 @@ def token_sums(conn: sa.Connection, groups: Groups, request: UsageReportRequest)
     hours = split(request.start, request.end, HOUR)
     if hours.full is not None:
         h = t.token_hours.c
-        group = _group_column(h, group_by)
-        stmt = sa.select(
-            group, sa.func.sum(h.prompt_tokens), sa.func.sum(h.completion_tokens)
-        ).where(h.hour >= hours.full[0], h.hour < hours.full[1])
-        stmt = _filtered(stmt, h.tenant_id, request.tenant_ids)
-        stmt = _filtered(stmt, h.key_id, request.key_ids)
-        _add_tokens(conn, groups, stmt.group_by(group))
+        by = _token_group(h, group_by)
+        stmt = sa.select(*by, sa.func.sum(h.prompt_tokens), sa.func.sum(h.completion_tokens)).where(
+            h.hour >= hours.full[0], h.hour < hours.full[1]
+        )
+        stmt = _tokens_filtered(stmt, h, request)
+        _add_tokens(conn, groups, stmt.group_by(*by), width=len(by))
     u = t.token_usage.c
     for lo, hi in hours.edges:
         sums_of = (sa.func.sum(u.prompt_tokens), sa.func.sum(u.completion_tokens))
         label: str | None = None
         edge: AnySelect
+        width = 0
         if group_by is ReportGroup.day:
             # An edge lies inside one hour, and so inside one day.
             edge = sa.select(*sums_of)
             label = day_of(lo).isoformat()
         else:
-            group = _group_column(u, group_by)
-            edge = sa.select(group, *sums_of).group_by(group)
+            by = _token_group(u, group_by)
+            edge = sa.select(*by, *sums_of).group_by(*by)
+            width = len(by)
         edge = edge.where(u.at >= lo, u.at < hi)
-        edge = _filtered(edge, u.tenant_id, request.tenant_ids)
-        edge = _filtered(edge, u.key_id, request.key_ids)
-        _add_tokens(conn, groups, edge, label=label)
+        edge = _tokens_filtered(edge, u, request)
+        _add_tokens(conn, groups, edge, label=label, width=width)
+
+
+def _token_group(columns: Any, group_by: ReportGroup) -> list[ColumnElement[Any]]:
+    """The columns a token report groups by: two for `key_source`, one otherwise."""
+    if group_by is ReportGroup.key_source:
+        return [columns.key_id, columns.source]
+    return [_group_column(columns, group_by)]
+
+
+def _tokens_filtered(stmt: AnySelect, columns: Any, request: UsageReportRequest) -> AnySelect:
+    stmt = _filtered(stmt, columns.tenant_id, request.tenant_ids)
+    stmt = _filtered(stmt, columns.key_id, request.key_ids)
+    return _filtered(stmt, columns.endpoint, request.endpoint_ids)
 
 
 def _add_tokens(
-    conn: sa.Connection, groups: Groups, stmt: AnySelect, *, label: str | None = None
+    conn: sa.Connection,
+    groups: Groups,
+    stmt: AnySelect,
+    *,
+    label: str | None = None,
+    width: int = 1,
 ) -> None:
+    """Add (group columns…, prompt, completion) rows, `width` group columns each (two, key
+    and source, are labelled `<key>/<source>`), or (prompt, completion) rows under `label`."""
     for row in conn.execute(stmt):
-        group, prompt, completion = (label, *row) if label is not None else row
+        *by, prompt, completion = row
         if prompt is None and completion is None:
             continue
-        sums = groups[_label(group)]
+        if label is not None:
+            group = label
+        elif width == 2:
+            group = key_source_group(*by)
+        else:
+            group = _label(by[0])
+        sums = groups[group]
         sums.prompt += int(prompt or 0)
         sums.completion += int(completion or 0)

@@ -14,7 +14,8 @@ Every name starts with `accounting_`, because in Solo the services share one dat
   `accounting_usage_days` sums those pieces per day, tenant, placed class and region: a report
   reads whole days from the sums and only the partial days at its edges from the pieces.
 - `accounting_token_usage` holds one row per gateway request; `accounting_token_hours` sums
-  them per hour, for the same reason.
+  them per hour, tenant, key, endpoint (the replica that answered), model and count source,
+  for the same reason (hours summed before the source was kept have source `unknown`).
 - `accounting_tenants` keeps each tenant's decayed usage of closed allocations at one instant
   (fair share's U), updated with each close.
 
@@ -159,6 +160,7 @@ token_hours = sa.Table(
     sa.Column("key_id", sa.String(64), primary_key=True),
     sa.Column("endpoint", sa.String(64), primary_key=True),
     sa.Column("model", sa.String(256), primary_key=True),
+    sa.Column("source", sa.String(16), primary_key=True),
     sa.Column("day", sa.Date, nullable=False),
     sa.Column("prompt_tokens", sa.BigInteger, nullable=False),
     sa.Column("completion_tokens", sa.BigInteger, nullable=False),

@@ -147,6 +147,7 @@ class GatewayPlayer:
         completion: int = 5,
         endpoint: str = "w-endpoint",
         model: str = "tiny",
+        source: CountSource = CountSource.upstream,
     ) -> TokenUsage:
         return TokenUsage(
             request_id=new_id("request"),
@@ -156,7 +157,7 @@ class GatewayPlayer:
             model=model,
             prompt_tokens=prompt,
             completion_tokens=completion,
-            source=CountSource.upstream,
+            source=source,
             at=at,
         )
 

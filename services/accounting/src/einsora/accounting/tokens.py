@@ -37,7 +37,7 @@ def add_token_usage(conn: sa.Connection, usages: Sequence[TokenUsage]) -> list[T
     conn.execute(t.token_usage.insert(), [_row(u) for u in new])
     sums: dict[tuple[Any, ...], list[int]] = defaultdict(lambda: [0, 0, 0])
     for u in new:
-        key = (floor_hour(u.at), u.tenant_id, u.key_id, u.endpoint, u.model)
+        key = (floor_hour(u.at), u.tenant_id, u.key_id, u.endpoint, u.model, u.source.value)
         sums[key][0] += u.prompt_tokens
         sums[key][1] += u.completion_tokens
         sums[key][2] += 1
@@ -51,14 +51,17 @@ def add_token_usage(conn: sa.Connection, usages: Sequence[TokenUsage]) -> list[T
                 "key_id": key_id,
                 "endpoint": endpoint,
                 "model": model,
+                "source": source,
                 "day": day_of(hour),
                 "prompt_tokens": prompt,
                 "completion_tokens": completion,
                 "requests": requests,
             }
-            for (hour, tenant, key_id, endpoint, model), (prompt, completion, requests) in (
-                sums.items()
-            )
+            for (hour, tenant, key_id, endpoint, model, source), (
+                prompt,
+                completion,
+                requests,
+            ) in sums.items()
         ],
         ("prompt_tokens", "completion_tokens", "requests"),
     )

@@ -144,6 +144,11 @@ timeline = sa.Table(
     sa.Column("request_id", sa.String(64), nullable=True),
     sa.Column("event_id", sa.String(64), nullable=True, unique=True),
     sa.Column("seq", sa.BigInteger(), nullable=True),
+    # Where the entry's event placed the workload (NULL: it placed nothing, or it came before
+    # migration 0014): the export's placement history reads it.
+    sa.Column("placed_region", NAME, nullable=True),
+    sa.Column("placed_machine", NAME, nullable=True),
+    sa.Column("placed_class", NAME, nullable=True),
     sa.Index(None, "workload_id", "at", "id"),
 )
 

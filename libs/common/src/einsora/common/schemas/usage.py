@@ -22,9 +22,28 @@ class ReportGroup(StrEnum):
     tenant = "tenant"
     workload = "workload"
     key = "key"
+    key_source = "key_source"
+    """Tokens by gateway key and count source: each item's `group` is `<key_id>/<source>`
+    (`key_source_group`), the source `upstream`, `tokenizer`, `estimate`, or `unknown` for
+    hours counted before accounting kept the source."""
     klass = "class"
     region = "region"
     day = "day"
+
+
+UNKNOWN_SOURCE = "unknown"
+"""The count source of token hours summed before accounting kept it."""
+
+
+def key_source_group(key_id: str, source: str) -> str:
+    """A `key_source` item's group: `<key_id>/<source>`."""
+    return f"{key_id}/{source}"
+
+
+def split_key_source(group: str) -> tuple[str, str]:
+    """A `key_source` item's (key_id, source); a source never holds `/`, so split at the last."""
+    key_id, _, source = group.rpartition("/")
+    return key_id, source
 
 
 MAX_REPORT_ITEMS = 5_000
@@ -43,6 +62,10 @@ class UsageReportRequest(Message):
     key_ids: list[str] | None = None
     """With `workload_ids`: only these workloads' allocations and these keys' tokens (a
     member's own); None: no such filter."""
+    endpoint_ids: list[str] | None = None
+    """Only tokens served by these workloads (the replica that answered, as the gateway
+    records it: an endpoint's own id and its replicas'); None: no such filter. Allocations
+    are not narrowed by it."""
     group_by: ReportGroup
     start: datetime = Field(alias="from")
     end: datetime = Field(alias="to")

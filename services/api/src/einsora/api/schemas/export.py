@@ -44,11 +44,18 @@ class ExportedWorkloadOut(BaseModel):
 
 
 class PlacementEntryOut(BaseModel):
-    """One placement the scheduler made, from the timeline: when, on which machine, and why."""
+    """One placement the scheduler made, from the timeline: when, where, as which class, and
+    why."""
 
     at: datetime
     state: WorkloadState
-    machine: str | None = Field(description="The machine the reason names (null: none named)")
+    region: str | None = Field(
+        default=None, description="The region it was placed in (null: recorded before it was kept)"
+    )
+    machine: str = Field(description="The machine it was placed on")
+    placed_class: str | None = Field(
+        default=None, description="The class it was placed as (null: recorded before it was kept)"
+    )
     reason: str
 
 
@@ -61,10 +68,15 @@ class AllocationSumOut(BaseModel):
 
 
 class TokenCountOut(BaseModel):
-    """Tokens counted by the gateway for one gateway key, by where the count came from."""
+    """Tokens the endpoint (or one of its replicas) served to one gateway key, by where the
+    count came from."""
 
     key_id: str
-    source: str = Field(description="upstream, tokenizer or estimate")
+    key_name: str | None = Field(description="The key's name (null: no such key in the tenant)")
+    source: str = Field(
+        description="upstream, tokenizer or estimate; unknown for hours counted before "
+        "accounting kept the source"
+    )
     prompt_tokens: int
     completion_tokens: int
 
@@ -80,9 +92,9 @@ class ExportUsageOut(BaseModel):
     cpu_core_hours: float
     by_day: list[AllocationSumOut] = Field(description="Split at midnight UTC, by day")
     by_placed_class: list[AllocationSumOut]
-    tokens: list[TokenCountOut] | None = Field(
-        description="An endpoint's tokens by gateway key and count source; null when accounting "
-        "cannot report them (`notes` says why); empty for a workload that serves no tokens"
+    tokens: list[TokenCountOut] = Field(
+        description="An endpoint's tokens (its replicas' included) by gateway key and count "
+        "source, by key id then source; empty for a workload that serves no tokens"
     )
     truncated: bool = Field(description="True when accounting had more groups than it sent")
 

@@ -25,6 +25,7 @@ from einsora.api.schemas.export import (
     ExportedWorkloadOut,
     ExportUsageOut,
     PlacementEntryOut,
+    TokenCountOut,
     WorkloadExportOut,
 )
 from einsora.api.schemas.workloads import TimelineEntryOut, WorkloadOut
@@ -39,18 +40,14 @@ from einsora.common.schemas import (
     UsageReportRequest,
     WorkloadKind,
 )
+from einsora.common.schemas.usage import split_key_source
 
 MAX_USAGE_DAYS = 3650
 """The longest history of usage an export asks accounting for (it answers up to ten years)."""
 
-# The scheduler's placement reasons all start so (scheduler/reasons.py); the timeline keeps
-# the reason, not the placement, so the machine is read back from it.
+# Entries from before the timeline kept placements (migration 0014) name their machine only in
+# the reason, where the scheduler's placement reasons all start so (scheduler/reasons.py).
 _PLACED = re.compile(r"^placed on (?P<machine>[^\s,;()]+)")
-
-TOKENS_NOT_REPORTED = (
-    "token counts are left out: accounting's report does not yet filter tokens by the endpoint "
-    "that served them"
-)
 
 
 async def export(
@@ -64,7 +61,16 @@ async def export(
     workload = await workloads.get(store, principal, workload_id)
     t = m.timeline.c
     stmt = (
-        sa.select(t.at, t.kind, t.state, t.reason, t.request_id)
+        sa.select(
+            t.at,
+            t.kind,
+            t.state,
+            t.reason,
+            t.request_id,
+            t.placed_region,
+            t.placed_machine,
+            t.placed_class,
+        )
         .where(t.workload_id == workload.id)
         .order_by(t.at, t.id)
     )
@@ -72,6 +78,7 @@ async def export(
         rows = (await conn.execute(stmt)).all()
         scope = await scope_of(conn, principal, None)
     timeline = [TimelineEntryOut.model_validate(r, from_attributes=True) for r in rows]
+    placements = [p for p in (_placement(r) for r in rows) if p is not None]
     notes: list[str] = []
     usage: ExportUsageOut | None = None
     if accounting is None:
@@ -80,17 +87,16 @@ async def export(
         notes.append("usage is left out: a member sees the usage of their own workloads only")
     else:
         try:
-            usage = await _usage(accounting, workload, now)
+            usage = await _usage(store, accounting, workload, now)
         except Unavailable as exc:
             notes.append(f"usage is left out: {exc}")
-    if usage is not None and usage.tokens is None:
-        notes.append(TOKENS_NOT_REPORTED)
-    return assemble(workload, timeline, usage, notes, now)
+    return assemble(workload, timeline, placements, usage, notes, now)
 
 
 def assemble(
     workload: WorkloadOut,
     timeline: list[TimelineEntryOut],
+    placements: list[dict[str, Any]],
     usage: ExportUsageOut | None,
     notes: list[str],
     now: datetime,
@@ -99,7 +105,7 @@ def assemble(
     and machines wrote, and are redacted; usage is accounting's figures and our own ids."""
     inputs, found = redact(workload.model_dump(mode="json", by_alias=True), "$.workload")
     entries = [e.model_dump(mode="json") for e in timeline]
-    placements, more = redact(_placements(timeline), "$.placement_history")
+    placements, more = redact(placements, "$.placement_history")
     entries, most = redact(entries, "$.timeline")
     return WorkloadExportOut(
         exported_at=now,
@@ -112,43 +118,55 @@ def assemble(
     )
 
 
-def _placements(timeline: list[TimelineEntryOut]) -> list[dict[str, Any]]:
-    placed = []
-    for entry in timeline:
-        match = _PLACED.match(entry.reason)
-        if entry.kind is EventKind.transition and match is not None:
-            placed.append(
-                {
-                    "at": entry.at.isoformat(),
-                    "state": entry.state.value,
-                    "machine": match["machine"],
-                    "reason": entry.reason,
-                }
-            )
-    return placed
+def _placement(row: Any) -> dict[str, Any] | None:
+    """The placement a timeline row records (None: it placed nothing)."""
+    if row.kind != EventKind.transition.value:
+        return None
+    machine = row.placed_machine
+    if machine is None:
+        match = _PLACED.match(row.reason)
+        if match is None:
+            return None
+        machine = match["machine"]
+    return {
+        "at": row.at.isoformat(),
+        "state": row.state,
+        "region": row.placed_region,
+        "machine": machine,
+        "placed_class": row.placed_class,
+        "reason": row.reason,
+    }
 
 
-async def _usage(accounting: Accounting, workload: WorkloadOut, now: datetime) -> ExportUsageOut:
-    """The workload's allocations from its launch to now, in total, by day and by class."""
+async def _usage(
+    store: Store, accounting: Accounting, workload: WorkloadOut, now: datetime
+) -> ExportUsageOut:
+    """The workload's allocations from its launch to now, in total, by day and by class; and,
+    for an endpoint, the tokens it and its replicas served, by key and count source."""
     start = max(workload.created_at, now - timedelta(days=MAX_USAGE_DAYS))
     end = max(now, start + timedelta(seconds=1))  # a window is never empty
+    serves = workload.kind is WorkloadKind.endpoint
 
-    def ask(group: ReportGroup) -> UsageReportRequest:
+    def ask(group: ReportGroup, endpoint_ids: list[str] | None = None) -> UsageReportRequest:
+        by_key = group is ReportGroup.key_source
         return UsageReportRequest(
             tenant_ids=[workload.tenant_id],
-            workload_ids=[workload.id],
-            key_ids=[],
+            workload_ids=None if by_key else [workload.id],
+            # The allocation groups count no tokens: those come by key and source.
+            key_ids=None if by_key else [],
+            endpoint_ids=endpoint_ids,
             group_by=group,
             start=start,
             end=end,
             now=now,
         )
 
-    total, days, classes = await asyncio.gather(
-        accounting.report(ask(ReportGroup.workload)),
-        accounting.report(ask(ReportGroup.day)),
-        accounting.report(ask(ReportGroup.klass)),
-    )
+    asks = [ask(ReportGroup.workload), ask(ReportGroup.day), ask(ReportGroup.klass)]
+    if serves:
+        served_by = await _replicas(store, workload)
+        asks.append(ask(ReportGroup.key_source, endpoint_ids=served_by))
+    total, days, classes, *served = await asyncio.gather(*map(accounting.report, asks))
+    tokens = await _tokens(store, workload.tenant_id, served[0].items) if served else []
     mine = [i for i in total.items if i.group == workload.id]
     return ExportUsageOut(
         start=start,
@@ -157,10 +175,42 @@ async def _usage(accounting: Accounting, workload: WorkloadOut, now: datetime) -
         cpu_core_hours=sum(i.cpu_core_hours for i in mine),
         by_day=_sums(days.items),
         by_placed_class=_sums(classes.items),
-        # Only an endpoint serves tokens; accounting cannot yet say which endpoint served them.
-        tokens=None if workload.kind is WorkloadKind.endpoint else [],
-        truncated=total.truncated or days.truncated or classes.truncated,
+        tokens=tokens,
+        truncated=any(reply.truncated for reply in (total, days, classes, *served)),
     )
+
+
+async def _replicas(store: Store, workload: WorkloadOut) -> list[str]:
+    """The workloads whose tokens are the endpoint's: itself and its replicas (the gateway
+    records the replica that answered)."""
+    w = m.workloads.c
+    async with store.read() as conn:
+        replicas = await conn.scalars(sa.select(w.id).where(w.replica_of == workload.id))
+        return [workload.id, *sorted(replicas)]
+
+
+async def _tokens(store: Store, tenant_id: str, items: list[UsageItem]) -> list[TokenCountOut]:
+    """Accounting's `<key_id>/<source>` groups, with each key's name (revoked keys too)."""
+    counts = sorted(((split_key_source(i.group), i) for i in items), key=lambda c: c[0])
+    if not counts:
+        return []
+    key_ids = sorted({key_id for (key_id, _), _ in counts})
+    k = m.gateway_keys.c
+    async with store.read() as conn:
+        found = await conn.execute(
+            sa.select(k.id, k.name).where(k.tenant_id == tenant_id, k.id.in_(key_ids))
+        )
+        names: dict[str, str] = {key_id: name for key_id, name in found}
+    return [
+        TokenCountOut(
+            key_id=key_id,
+            key_name=names.get(key_id),
+            source=source,
+            prompt_tokens=item.prompt_tokens,
+            completion_tokens=item.completion_tokens,
+        )
+        for (key_id, source), item in counts
+    ]
 
 
 def _sums(items: list[UsageItem]) -> list[AllocationSumOut]:

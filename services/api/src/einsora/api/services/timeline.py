@@ -126,6 +126,10 @@ def _apply(conn: sa.Connection, event: WorkloadEvent, request_id: str | None) ->
         "event_id": event.event_id,
         "seq": event.seq,
     }
+    if event.placement is not None:
+        entry["placed_region"] = _clean(event.placement.region)
+        entry["placed_machine"] = _clean(event.placement.machine)
+        entry["placed_class"] = _clean(event.placement.placed_class)
     if not insert_ignore(conn, m.timeline, entry, keys=["event_id"]):
         return False  # seen before: a redelivery or a republish
     if event.seq > found.last_seq:
