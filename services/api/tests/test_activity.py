@@ -360,6 +360,8 @@ async def test_a_failed_action_is_recorded_failed_and_changes_nothing(
         # A write that matched nothing, refused after it.
         ("DELETE", f"/v1/tokens/{new_id('token')}", None, 404),
         ("POST", "/v1/tokens", {"name": "x", "operator": True}, 403),
+        # A hostile id, longer than any: refused, and recorded with it cut to the column.
+        ("DELETE", f"/v1/tenants/{acme}/invitations/{'x' * 300}", None, 404),
     ]
     for i, (method, path, body, status) in enumerate(refusals):
         answer = await ann.call(method, path, body, headers={"X-Request-ID": f"refused-{i}"})
@@ -368,6 +370,8 @@ async def test_a_failed_action_is_recorded_failed_and_changes_nothing(
         assert [(r["outcome"], r["status"], r["tenant_id"]) for r in rows] == [
             ("failed", status, acme)
         ], (method, path)
+    (hostile,) = await _rows(api, "request_id = :r", r=f"refused-{len(refusals) - 1}")
+    assert hostile["target"] == "x" * 128
     listed = (await ann.get("/v1/workloads")).body["items"]
     assert [(w["id"], w["state"]) for w in listed] == [(first.body["id"], "pending")]
     # A launch that was refused is recorded as failed in the log the admin reads, too.

@@ -78,14 +78,19 @@ async def _authenticated(request: Request, *, launch: bool) -> Call:
     return Call(principal, ctx, scope["state"]["request_id"])
 
 
+TARGET_CHARS = 128
+"""The activity log's `target` column (`models.activity`)."""
+
+
 def _arm(action: Action, scope: Mapping[str, Any], ctx: ApiContext) -> None:
     """Arm the request's action with its route: from here its first write records it."""
     route = scope.get("route")
     if not isinstance(route, APIRoute):
         return
     params: Mapping[str, Any] = scope.get("path_params") or {}
-    # The innermost id of the path is what the route acts on (the invitation of a tenant's).
-    target = str(list(params.values())[-1]) if params else None
+    # The innermost id of the path is what the route acts on (the invitation of a tenant's);
+    # as the caller sent it, so bounded to the column (a hostile one is refused, and recorded).
+    target = str(list(params.values())[-1])[:TARGET_CHARS] if params else None
     action.arm(
         ctx.store,
         name=action_name(route.name),
