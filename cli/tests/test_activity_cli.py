@@ -7,49 +7,12 @@ refused with the api's message.
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import io
 import json
-import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest_asyncio
-
-from einsora.api.testing import RunningApi, new_member, new_tenant, running_api
-from einsora.common.settings import Settings
-from einsora.common.testing import Bus, subprocess_env
-
-EINSORA = str(Path(sys.executable).parent / "einsora")
-
-
-@pytest_asyncio.fixture
-async def api(bus: Bus, sqlite_url: str, data_dir: Path) -> AsyncIterator[RunningApi]:
-    settings = Settings(nats_url=bus.url, database_url=sqlite_url, data_dir=data_dir)
-    async with running_api(settings) as running:
-        yield running
-
-
-def _env(api: RunningApi, tmp_path: Path, token: str | None) -> dict[str, str]:
-    assert token is not None
-    env = subprocess_env(
-        EINSORA_API=api.url,
-        EINSORA_TOKEN=token,
-        EINSORA_DATA_DIR=str(tmp_path / "cli-data"),
-        XDG_CONFIG_HOME=str(tmp_path / "config"),
-    )
-    env.pop("EINSORA_NATS_URL", None)
-    return env
-
-
-async def _einsora(env: dict[str, str], *args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        EINSORA, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+from einsora.api.testing import RunningApi, cli_env, einsora, new_member, new_tenant
 
 
 async def test_activity_lists_filters_and_exports(api: RunningApi, tmp_path: Path) -> None:
@@ -61,9 +24,9 @@ async def test_activity_lists_filters_and_exports(api: RunningApi, tmp_path: Pat
     assert launched.status == 201
     refused = await carl.post(f"/v1/workloads/{launched.body['id']}/resume")
     assert refused.status == 409
-    env = _env(api, tmp_path, ann.token)
+    env = cli_env(api, tmp_path, ann.token)
 
-    code, out, err = await _einsora(env, "activity")
+    code, out, err = await einsora(env, "activity")
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].split() == ["AT", "USER", "ACTION", "TARGET", "OUTCOME", "REQUEST", "ID"]
@@ -71,7 +34,7 @@ async def test_activity_lists_filters_and_exports(api: RunningApi, tmp_path: Pat
     assert newest[1:5] == ["carl", "workload.resume", launched.body["id"], "failed"]
     assert launch[1:] == ["carl", "workload.create", launched.body["id"], "ok", "201", "r1"]
 
-    code, out, err = await _einsora(
+    code, out, err = await einsora(
         env, "activity", "--json", "--user", "carl", "--action", "workload.*"
     )
     assert code == 0, err
@@ -80,32 +43,32 @@ async def test_activity_lists_filters_and_exports(api: RunningApi, tmp_path: Pat
         ("workload.resume", 409),
         ("workload.create", 201),
     ]
-    code, out, err = await _einsora(env, "activity", "--json", "--limit", "1")
+    code, out, err = await einsora(env, "activity", "--json", "--limit", "1")
     assert code == 0, err
     assert len(json.loads(out)) == 1
     assert "only the newest 1 entries" in err
 
     everything = (await ann.get("/v1/activity", limit="200")).body["items"]
     jsonl = tmp_path / "activity.jsonl"
-    code, _, err = await _einsora(env, "activity", "--export", "jsonl", "-o", str(jsonl))
+    code, _, err = await einsora(env, "activity", "--export", "jsonl", "-o", str(jsonl))
     assert code == 0, err
     assert [json.loads(line) for line in jsonl.read_text().splitlines()] == everything
-    code, out, err = await _einsora(
+    code, out, err = await einsora(
         env, "activity", "--export", "csv", "-o", "-", "--action", "workload.create"
     )
     assert code == 0, err
     assert [r["request_id"] for r in csv.DictReader(io.StringIO(out))] == ["r1"]
 
     # Only with a file; a member is refused by the api, with its message.
-    code, _, err = await _einsora(env, "activity", "--export", "csv")
+    code, _, err = await einsora(env, "activity", "--export", "csv")
     assert code == 2
     assert "go together" in err
-    code, _, err = await _einsora(_env(api, tmp_path, carl.token), "activity")
+    code, _, err = await einsora(cli_env(api, tmp_path, carl.token), "activity")
     assert code == 1
     assert "only a tenant's admins" in err
     assert "HTTP 403" in err
-    code, _, err = await _einsora(
-        _env(api, tmp_path, carl.token), "activity", "--export", "jsonl", "-o", "-"
+    code, _, err = await einsora(
+        cli_env(api, tmp_path, carl.token), "activity", "--export", "jsonl", "-o", "-"
     )
     assert code == 1
     assert "HTTP 403" in err

@@ -5,36 +5,12 @@ says how many redactions it holds, and a workload the caller cannot see is an er
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest_asyncio
+from einsora.api.testing import RunningApi, cli_env, einsora, new_tenant
 
-from einsora.api.testing import RunningApi, new_tenant, running_api
-from einsora.common.settings import Settings
-from einsora.common.testing import Bus, subprocess_env
-
-EINSORA = str(Path(sys.executable).parent / "einsora")
 HF_TOKEN = "hf_" + "Q7" * 17
-
-
-@pytest_asyncio.fixture
-async def api(bus: Bus, sqlite_url: str, data_dir: Path) -> AsyncIterator[RunningApi]:
-    settings = Settings(nats_url=bus.url, database_url=sqlite_url, data_dir=data_dir)
-    async with running_api(settings) as running:
-        yield running
-
-
-async def _einsora(env: dict[str, str], *args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        EINSORA, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_export_writes_the_servers_document(api: RunningApi, tmp_path: Path) -> None:
@@ -43,17 +19,10 @@ async def test_export_writes_the_servers_document(api: RunningApi, tmp_path: Pat
     made = await ann.post("/v1/workloads", {"kind": "notebook", "class": "cpu-1c-2g", "spec": spec})
     assert made.status == 201, made.text
     workload_id = made.body["id"]
-    assert ann.token is not None
-    env = subprocess_env(
-        EINSORA_API=api.url,
-        EINSORA_TOKEN=ann.token,
-        EINSORA_DATA_DIR=str(tmp_path / "cli-data"),
-        XDG_CONFIG_HOME=str(tmp_path / "config"),
-    )
-    env.pop("EINSORA_NATS_URL", None)
+    env = cli_env(api, tmp_path, ann.token)
 
     target = tmp_path / "export.json"
-    code, out, err = await _einsora(env, "export", workload_id, "-o", str(target))
+    code, out, err = await einsora(env, "export", workload_id, "-o", str(target))
     assert code == 0, err
     assert out == ""
     assert err.strip() == f"wrote {target} (2 redactions)"
@@ -66,13 +35,13 @@ async def test_export_writes_the_servers_document(api: RunningApi, tmp_path: Pat
     }
     assert HF_TOKEN not in target.read_text()
 
-    code, out, err = await _einsora(env, "export", workload_id)
+    code, out, err = await einsora(env, "export", workload_id)
     assert code == 0, err
     printed = json.loads(out)
     assert printed["workload"] == document["workload"]
     assert printed["redactions"] == document["redactions"]
 
-    code, out, err = await _einsora(env, "export", "w-01nonexistent0000000000", "-o", str(target))
+    code, out, err = await einsora(env, "export", "w-01nonexistent0000000000", "-o", str(target))
     assert code != 0
     assert "no workload 'w-01nonexistent0000000000'" in err
     assert json.loads(target.read_text()) == document  # a refusal leaves the file as it was

@@ -8,60 +8,21 @@ the flags describe, and the gateway's URL (its port from the settings) is printe
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import pickle
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import gguf
 import numpy as np
-import pytest_asyncio
 import sqlalchemy as sa
 
-from einsora.api.testing import RunningApi, running_api
-from einsora.common.settings import Settings
-from einsora.common.testing import Bus, subprocess_env
+from einsora.api.testing import RunningApi, cli_env, einsora
 
-EINSORA = str(Path(sys.executable).parent / "einsora")
 GATEWAY_PORT = "18082"
 GATEWAY = f"http://127.0.0.1:{GATEWAY_PORT}/v1"
-
-
-@pytest_asyncio.fixture
-async def api(bus: Bus, sqlite_url: str, data_dir: Path) -> AsyncIterator[RunningApi]:
-    settings = Settings(nats_url=bus.url, database_url=sqlite_url, data_dir=data_dir)
-    async with running_api(settings) as running:
-        yield running
-
-
-def _env(api: RunningApi, tmp_path: Path) -> dict[str, str]:
-    assert api.owner.token is not None
-    env = subprocess_env(
-        EINSORA_API=api.url,
-        EINSORA_TOKEN=api.owner.token,
-        EINSORA_DATA_DIR=str(tmp_path / "cli-data"),
-        EINSORA_GATEWAY_PORT=GATEWAY_PORT,
-        XDG_CONFIG_HOME=str(tmp_path / "config"),
-    )
-    env.pop("EINSORA_NATS_URL", None)
-    return env
-
-
-async def _einsora(env: dict[str, str], *args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        EINSORA,
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 def _tiny_gguf(path: Path) -> Path:
@@ -85,8 +46,8 @@ async def _endpoints(api: RunningApi) -> list[dict[str, Any]]:
 
 
 async def test_a_key_is_printed_once_and_never_listed(api: RunningApi, tmp_path: Path) -> None:
-    env = _env(api, tmp_path)
-    code, out, err = await _einsora(
+    env = cli_env(api, tmp_path, EINSORA_GATEWAY_PORT=GATEWAY_PORT)
+    code, out, err = await einsora(
         env,
         *("keys", "create", "ci", "--models", "llama,qwen", "--rpm", "5", "--tpm", "100"),
         *("--max-tokens-default", "64", "--expires-in-days", "7"),
@@ -104,25 +65,25 @@ async def test_a_key_is_printed_once_and_never_listed(api: RunningApi, tmp_path:
     assert (shown["rpm"], shown["tpm"], shown["max_tokens_default"]) == (5, 100, 64)
     assert shown["expires_at"] is not None
 
-    code, out, err = await _einsora(env, "keys", "list")
+    code, out, err = await einsora(env, "keys", "list")
     assert code == 0, err
     assert row["id"] in out
     assert "llama,qwen" in out
     assert key not in out
-    code, out, err = await _einsora(env, "keys", "ls", "--json")
+    code, out, err = await einsora(env, "keys", "ls", "--json")
     assert code == 0, err
     [listed] = json.loads(out)
     assert listed["id"] == row["id"]
     assert "key" not in listed
     assert key not in out
 
-    code, out, err = await _einsora(env, "keys", "revoke", row["id"])
+    code, out, err = await einsora(env, "keys", "revoke", row["id"])
     assert code == 0, err
     assert f"gateway key {row['id']} revoked" in out
-    code, out, err = await _einsora(env, "keys", "list")
+    code, out, err = await einsora(env, "keys", "list")
     assert code == 0, err
     assert "(none)" in out
-    code, out, err = await _einsora(env, "keys", "revoke", row["id"])
+    code, out, err = await einsora(env, "keys", "revoke", row["id"])
     assert code == 1
     assert "not_found" in err
     assert "HTTP 404" in err
@@ -130,7 +91,14 @@ async def test_a_key_is_printed_once_and_never_listed(api: RunningApi, tmp_path:
 
 
 async def test_a_key_the_api_refuses_names_the_field(api: RunningApi, tmp_path: Path) -> None:
-    code, out, err = await _einsora(_env(api, tmp_path), "keys", "create", "ci", "--rpm", "0")
+    code, out, err = await einsora(
+        cli_env(api, tmp_path, EINSORA_GATEWAY_PORT=GATEWAY_PORT),
+        "keys",
+        "create",
+        "ci",
+        "--rpm",
+        "0",
+    )
     assert code == 1
     assert out == ""
     assert "rpm" in err
@@ -140,9 +108,9 @@ async def test_a_key_the_api_refuses_names_the_field(api: RunningApi, tmp_path: 
 async def test_endpoints_are_launched_with_their_spec_and_listed(
     api: RunningApi, tmp_path: Path
 ) -> None:
-    env = _env(api, tmp_path)
+    env = cli_env(api, tmp_path, EINSORA_GATEWAY_PORT=GATEWAY_PORT)
     model = _tiny_gguf(tmp_path / "tiny.gguf")
-    code, out, err = await _einsora(
+    code, out, err = await einsora(
         env,
         *("endpoints", "launch", "tiny", "--model", str(model), "--runtime", "llamacpp"),
         *("--context-length", "2048", "--replicas", "2", "--arg=--n-gpu-layers", "--arg", "0"),
@@ -150,7 +118,7 @@ async def test_endpoints_are_launched_with_their_spec_and_listed(
     assert code == 0, err
     assert GATEWAY in out
     assert "model tiny" in out
-    code, out, err = await _einsora(
+    code, out, err = await einsora(
         env,
         *("endpoints", "launch", "echo", "--json", "--runtime", "command"),
         *("--command", sys.executable, "-m", "http.server", "$PORT"),
@@ -175,13 +143,13 @@ async def test_endpoints_are_launched_with_their_spec_and_listed(
     }
     assert stored["echo"]["id"] == launched["id"]
 
-    code, out, err = await _einsora(env, "endpoints", "list")
+    code, out, err = await einsora(env, "endpoints", "list")
     assert code == 0, err
     rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
     assert set(rows) == {"tiny", "echo"}  # one row per endpoint, whatever its replicas
     assert rows["tiny"][1:5] == [stored["tiny"]["id"], "pending", "llamacpp", "0/2"]
     assert rows["echo"][1:5] == [stored["echo"]["id"], "pending", "command", "0/1"]
-    code, out, err = await _einsora(env, "endpoints", "ls", "--json")
+    code, out, err = await einsora(env, "endpoints", "ls", "--json")
     assert code == 0, err
     assert {w["id"] for w in json.loads(out)} == {w["id"] for w in await _endpoints(api)}
 
@@ -189,15 +157,15 @@ async def test_endpoints_are_launched_with_their_spec_and_listed(
 async def test_a_launch_the_cli_or_the_api_refuses_says_why(
     api: RunningApi, tmp_path: Path
 ) -> None:
-    env = _env(api, tmp_path)
-    code, _, err = await _einsora(
+    env = cli_env(api, tmp_path, EINSORA_GATEWAY_PORT=GATEWAY_PORT)
+    code, _, err = await einsora(
         env, "endpoints", "launch", "big", "--model", "/models/big", "--runtime", "vllm"
     )
     assert code == 2
     assert "--class is needed for the vllm runtime" in err
     disguised = tmp_path / "model.gguf"
     disguised.write_bytes(pickle.dumps({"weight": [0.0, 1.0]}, protocol=4))
-    code, out, err = await _einsora(
+    code, out, err = await einsora(
         env, "endpoints", "launch", "bad", "--model", str(disguised), "--runtime", "llamacpp"
     )
     assert code == 1

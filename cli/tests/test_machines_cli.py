@@ -4,41 +4,26 @@ their own invitation."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest_asyncio
-
-from einsora.api.testing import RunningApi, new_member, new_tenant, running_api
-from einsora.common.settings import Settings
-from einsora.common.testing import Bus, subprocess_env
+from einsora.api.testing import (
+    RunningApi,
+    cli_env,
+    einsora,
+    join_machine,
+    new_member,
+    new_tenant,
+)
 
 EINSORA = str(Path(sys.executable).parent / "einsora")
 
 
-@pytest_asyncio.fixture
-async def api(bus: Bus, sqlite_url: str, data_dir: Path) -> AsyncIterator[RunningApi]:
-    settings = Settings(nats_url=bus.url, database_url=sqlite_url, data_dir=data_dir)
-    async with running_api(settings) as running:
-        yield running
-
-
 async def _einsora(api: RunningApi, token: str, tmp_path: Path, *args: str) -> tuple[int, str]:
-    env = subprocess_env(
-        EINSORA_API=api.url,
-        EINSORA_TOKEN=token,
-        EINSORA_DATA_DIR=str(tmp_path / "cli-data"),
-        XDG_CONFIG_HOME=str(tmp_path / "config"),
-    )
-    proc = await asyncio.create_subprocess_exec(
-        EINSORA, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode()
+    """`einsora ARGS` as `token`: its exit code, and all it printed."""
+    code, out, err = await einsora(cli_env(api, tmp_path, token), *args)
+    return code, out + err
 
 
 async def test_the_owner_lends_part_of_a_machine_and_invites_one_user(
@@ -47,11 +32,7 @@ async def test_the_owner_lends_part_of_a_machine_and_invites_one_user(
     _, lab = await new_tenant(api, "lab", "lab-admin")
     studio_id, studio = await new_tenant(api, "studio", "studio-admin")
     ada = await new_member(api, studio_id, "ada", by=studio)
-    made = await lab.post("/v1/machines/join-tokens", {"tunnel": False})
-    joined = await api.client(None).post(
-        "/v1/machines/join", {"token": made.body["token"], "hostname": "box"}
-    )
-    machine = str(joined.body["machine_id"])
+    machine = await join_machine(api, lab)
     assert lab.token is not None
     assert ada.token is not None
 

@@ -12,20 +12,14 @@ import asyncio
 import io
 import json
 import os
-import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 import sqlalchemy as sa
 
-from einsora.api.testing import RunningApi, running_api
+from einsora.api.testing import EINSORA, RunningApi, cli_env
 from einsora.cli import render
-from einsora.common.settings import Settings
-from einsora.common.testing import Bus, subprocess_env
 
-EINSORA = str(Path(sys.executable).parent / "einsora")
 HOSTILE = "prod\u202egnp.exe\x1b[31m\u2028forged\x85row\r"
 HOSTILE_SHOWN = "prod\\u202egnp.exe\\x1b[31m\\u2028forged\\x85row\\x0d"
 
@@ -63,13 +57,6 @@ def test_a_table_cell_cannot_add_rows_or_move_the_cursor() -> None:
     assert all(c == "\n" or c.isprintable() for c in printed), repr(printed)
 
 
-@pytest_asyncio.fixture
-async def api(bus: Bus, sqlite_url: str, data_dir: Path) -> AsyncIterator[RunningApi]:
-    settings = Settings(nats_url=bus.url, database_url=sqlite_url, data_dir=data_dir)
-    async with running_api(settings) as running:
-        yield running
-
-
 async def _hostile_workload(api: RunningApi) -> str:
     """A workload whose stored name holds control characters (as a row written before names
     were checked would)."""
@@ -85,18 +72,6 @@ async def _hostile_workload(api: RunningApi) -> str:
     return workload_id
 
 
-def _env(api: RunningApi, tmp_path: Path) -> dict[str, str]:
-    assert api.owner.token is not None
-    env = subprocess_env(
-        EINSORA_API=api.url,
-        EINSORA_TOKEN=api.owner.token,
-        EINSORA_DATA_DIR=str(tmp_path / "cli-data"),
-        XDG_CONFIG_HOME=str(tmp_path / "config"),
-    )
-    env.pop("EINSORA_NATS_URL", None)
-    return env
-
-
 async def _einsora(env: dict[str, str], *args: str, stdout: int) -> tuple[int, bytes, bytes]:
     proc = await asyncio.create_subprocess_exec(
         EINSORA, *args, env=env, stdout=stdout, stderr=asyncio.subprocess.PIPE
@@ -110,7 +85,7 @@ async def test_a_hostile_name_from_the_server_is_printed_escaped(
     api: RunningApi, tmp_path: Path
 ) -> None:
     workload_id = await _hostile_workload(api)
-    env = _env(api, tmp_path)
+    env = cli_env(api, tmp_path)
     for args in (["ls"], ["show", workload_id], ["ls", "--json"]):
         code, out, err = await _einsora(env, *args, stdout=asyncio.subprocess.PIPE)
         assert code == 0, err
@@ -133,7 +108,7 @@ async def test_a_reader_that_went_away_gets_no_traceback(
     reader, writer = os.pipe()
     os.close(reader)  # the reader is gone before the first byte, as `head` may be
     try:
-        code, _, err = await _einsora(_env(api, tmp_path), *args, stdout=writer)
+        code, _, err = await _einsora(cli_env(api, tmp_path), *args, stdout=writer)
     finally:
         os.close(writer)
     assert err == b"", err.decode()  # no traceback, no "Exception ignored"

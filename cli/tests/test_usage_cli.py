@@ -7,14 +7,9 @@ and says why when accounting cannot answer.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-
-import pytest_asyncio
 
 from einsora.accounting.service import AccountingService
 from einsora.accounting.testing import (
@@ -24,63 +19,32 @@ from einsora.accounting.testing import (
     held,
     tokens_done,
 )
-from einsora.api.testing import RunningApi, new_member, new_tenant, running_api
+from einsora.api.testing import RunningApi, cli_env, einsora, new_member, new_tenant
 from einsora.common.settings import Settings
-from einsora.common.testing import Bus, subprocess_env
-
-EINSORA = str(Path(sys.executable).parent / "einsora")
-
-
-@pytest_asyncio.fixture
-async def api(bus: Bus, sqlite_url: str, data_dir: Path) -> AsyncIterator[RunningApi]:
-    settings = Settings(nats_url=bus.url, database_url=sqlite_url, data_dir=data_dir)
-    async with running_api(settings) as running:
-        yield running
-
-
-def _env(api: RunningApi, tmp_path: Path, token: str | None = None) -> dict[str, str]:
-    token = token or api.owner.token
-    assert token is not None
-    env = subprocess_env(
-        EINSORA_API=api.url,
-        EINSORA_TOKEN=token,
-        EINSORA_DATA_DIR=str(tmp_path / "cli-data"),
-        XDG_CONFIG_HOME=str(tmp_path / "config"),
-    )
-    env.pop("EINSORA_NATS_URL", None)
-    return env
-
-
-async def _einsora(env: dict[str, str], *args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        EINSORA, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+from einsora.common.testing import Bus
 
 
 async def test_quota_set_changes_only_the_parts_given(api: RunningApi, tmp_path: Path) -> None:
     tenant_id, _ = await new_tenant(api, "physics", "ann")
-    env = _env(api, tmp_path)
-    code, out, err = await _einsora(
+    env = cli_env(api, tmp_path)
+    code, out, err = await einsora(
         env, "quota", "set", "physics", "--max-gpus", "l40s-48gb=4", "--max-gpus", "h100-80gb=2"
     )
     assert code == 0, err
     assert "l40s-48gb GPUs" in out
-    code, out, err = await _einsora(env, "quota", "set", tenant_id, "--max-gpus-total", "8")
+    code, out, err = await einsora(env, "quota", "set", tenant_id, "--max-gpus-total", "8")
     assert code == 0, err
-    code, out, err = await _einsora(env, "quota", "set", "physics", "--gpu-hours-per-7d", "100.5")
+    code, out, err = await einsora(env, "quota", "set", "physics", "--gpu-hours-per-7d", "100.5")
     assert code == 0, err
     quota = (await api.owner.get(f"/v1/tenants/{tenant_id}/quota")).body["quota"]
     assert quota["max_gpus"] == {"h100-80gb": 2, "l40s-48gb": 4}
     assert (quota["max_gpus_total"], quota["gpu_hours_per_7d"]) == (8, 100.5)
 
-    code, out, err = await _einsora(
+    code, out, err = await einsora(
         env, "quota", "set", "physics", "--max-gpus", "h100-80gb=none", "--max-gpus-total", "none"
     )
     assert code == 0, err
-    code, out, err = await _einsora(env, "quota", "show", "physics", "--json")
+    code, out, err = await einsora(env, "quota", "show", "physics", "--json")
     assert code == 0, err
     shown = json.loads(out)
     assert shown == (await api.owner.get(f"/v1/tenants/{tenant_id}/quota")).body
@@ -88,14 +52,14 @@ async def test_quota_set_changes_only_the_parts_given(api: RunningApi, tmp_path:
     assert shown["quota"]["max_gpus_total"] is None
     assert shown["quota"]["gpu_hours_per_7d"] == 100.5
 
-    code, out, err = await _einsora(env, "quota", "show", "physics")
+    code, out, err = await einsora(env, "quota", "show", "physics")
     assert code == 0, err
     [hours] = [line for line in out.splitlines() if line.startswith("GPU-hours in 7 days")]
     assert hours.split()[-2:] == ["100.5", "0.00"]
     [total] = [line for line in out.splitlines() if line.startswith("GPUs in all")]
     assert "no limit" in total
 
-    code, out, err = await _einsora(env, "quota", "set", "physics", "--clear")
+    code, out, err = await einsora(env, "quota", "set", "physics", "--clear")
     assert code == 0, err
     cleared = (await api.owner.get(f"/v1/tenants/{tenant_id}/quota")).body["quota"]
     assert (cleared["max_gpus"], cleared["max_gpus_total"], cleared["gpu_hours_per_7d"]) == (
@@ -107,15 +71,15 @@ async def test_quota_set_changes_only_the_parts_given(api: RunningApi, tmp_path:
 
 async def test_a_refused_quota_prints_the_apis_message(api: RunningApi, tmp_path: Path) -> None:
     _, admin = await new_tenant(api, "physics", "ann")
-    env = _env(api, tmp_path)
-    code, _, err = await _einsora(env, "quota", "set", "physics", "--max-gpus", "k80-12gb=1")
+    env = cli_env(api, tmp_path)
+    code, _, err = await einsora(env, "quota", "set", "physics", "--max-gpus", "k80-12gb=1")
     assert code == 1
     assert "k80-12gb" in err
     assert "request ID: " in err
-    code, _, err = await _einsora(_env(api, tmp_path, admin.token), "quota", "set", "physics")
+    code, _, err = await einsora(cli_env(api, tmp_path, admin.token), "quota", "set", "physics")
     assert code == 1
     assert "only the operator" in err
-    code, _, err = await _einsora(env, "quota", "set", "physics", "--max-gpus", "l40s-48gb")
+    code, _, err = await einsora(env, "quota", "set", "physics", "--max-gpus", "l40s-48gb")
     assert code == 2
     assert "CLASS=N" in err
 
@@ -123,12 +87,12 @@ async def test_a_refused_quota_prints_the_apis_message(api: RunningApi, tmp_path
 async def test_usage_says_why_when_accounting_cannot_answer(
     api: RunningApi, tmp_path: Path
 ) -> None:
-    code, _, err = await _einsora(_env(api, tmp_path), "usage", "--group-by", "class")
+    code, _, err = await einsora(cli_env(api, tmp_path), "usage", "--group-by", "class")
     assert code == 1
     assert "accounting" in err
     assert "HTTP 503" in err
     assert "request ID: " in err
-    code, _, err = await _einsora(_env(api, tmp_path), "usage", "--from", "yesterday")
+    code, _, err = await einsora(cli_env(api, tmp_path), "usage", "--from", "yesterday")
     assert code == 1
     assert "from" in err
     assert "HTTP 422" in err
@@ -158,15 +122,15 @@ async def test_usage_prints_the_report_as_a_table_and_as_json(
         await tokens_done(bus.js)
         window = ("--from", (start - timedelta(hours=1)).isoformat())
 
-        env = _env(api, tmp_path, ann.token)
-        code, out, err = await _einsora(env, "usage", "--group-by", "user", *window)
+        env = cli_env(api, tmp_path, ann.token)
+        code, out, err = await einsora(env, "usage", "--group-by", "user", *window)
         assert code == 0, err
         header, *rows = out.splitlines()
         assert header.startswith("usage by user from ")
         assert rows[0].split()[:3] == ["USER", "GPU-HOURS", "CPU-CORE-HOURS"]
         assert [r.split() for r in rows[1:]] == [["bob", "3.00", "6.00", "7", "3"]]
 
-        code, out, err = await _einsora(env, "usage", "--group-by", "user", "--json", *window)
+        code, out, err = await einsora(env, "usage", "--group-by", "user", "--json", *window)
         assert code == 0, err
         printed = json.loads(out)
         answer = await ann.get(

@@ -6,24 +6,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from nats.js.errors import KeyNotFoundError
-
-from einsora.api.testing import Client, RunningApi, eventually, new_member, new_tenant
+from einsora.api.testing import (
+    Client,
+    RunningApi,
+    enrolment_on_bus,
+    eventually,
+    join_machine,
+    new_member,
+    new_tenant,
+)
 from einsora.common.bus import bind_bucket, names
 from einsora.common.schemas import Enrolment, Gpu, GpuHealth, Inventory
 from einsora.common.testing import Bus
 
 WHOLE = {"cpus": 8.0, "memory_mib": 32768, "gpus": ["GPU-a", "GPU-b"]}
-
-
-async def _machine(api: RunningApi, admin: Client, sharing: str = "private") -> str:
-    made = await admin.post("/v1/machines/join-tokens", {"tunnel": False, "sharing": sharing})
-    assert made.status == 201, made.text
-    joined = await api.client(None).post(
-        "/v1/machines/join", {"token": made.body["token"], "hostname": "box"}
-    )
-    assert joined.status == 201, joined.text
-    return str(joined.body["machine_id"])
 
 
 async def _reports(api: RunningApi, bus: Bus, machine_id: str) -> None:
@@ -60,12 +56,9 @@ async def _reports(api: RunningApi, bus: Bus, machine_id: str) -> None:
 
 
 async def _enrolment(bus: Bus, machine_id: str) -> Enrolment:
-    try:
-        entry = await bind_bucket(bus.js, names.ENROLMENTS).get(names.enrolment_key(machine_id))
-    except KeyNotFoundError as exc:
-        raise AssertionError(f"{machine_id} has no enrolment in the bucket") from exc
-    assert entry.value is not None
-    return Enrolment.from_bytes(entry.value)
+    found = await enrolment_on_bus(bus.js, machine_id)
+    assert found is not None, f"{machine_id} has no enrolment in the bucket"
+    return found
 
 
 async def _lend(client: Client, machine_id: str, lend: Any) -> Any:
@@ -81,7 +74,7 @@ async def test_the_owner_narrows_and_widens_the_lend_and_the_bucket_follows(
 ) -> None:
     api = api_on_store
     _, lab = await new_tenant(api, "lab", "lab-admin")
-    machine = await _machine(api, lab)
+    machine = await join_machine(api, lab)
     await _reports(api, bus, machine)
     assert (await _enrolment(bus, machine)).lend is None  # all of it, as before there was one
     shown = await lab.get(f"/v1/machines/{machine}")
@@ -136,7 +129,7 @@ async def test_a_lend_the_machine_cannot_give_is_refused_naming_the_field(
 ) -> None:
     api = api_on_store
     _, lab = await new_tenant(api, "lab", "lab-admin")
-    machine = await _machine(api, lab)
+    machine = await join_machine(api, lab)
     await _reports(api, bus, machine)
     assert (await _lend(lab, machine, {"cpus": 6})).status == 200
 
@@ -163,7 +156,7 @@ async def test_a_lend_the_machine_cannot_give_is_refused_naming_the_field(
     assert _lent(await _enrolment(bus, machine)) == {"cpus": 6, "memory_mib": None, "gpus": None}
 
     # While the api knows no inventory, the scheduler narrows the lend to what the machine has.
-    unknown = await _machine(api, lab)
+    unknown = await join_machine(api, lab)
     blind = await _lend(lab, unknown, {"cpus": 1000, "gpus": ["GPU-z"]})
     assert blind.status == 200, blind.text
     assert blind.body["enrolment"]["usable"] is None
@@ -182,7 +175,7 @@ async def test_only_the_owners_admins_and_the_operator_lend_and_guests_see_the_l
     member = await new_member(api, lab_id, "lab-member", by=lab)
     _, studio = await new_tenant(api, "studio", "studio-admin")
     _, stranger = await new_tenant(api, "stranger", "stranger-admin")
-    machine = await _machine(api, lab, sharing="invite-only")
+    machine = await join_machine(api, lab, sharing="invite-only")
     await _reports(api, bus, machine)
 
     refused = await _lend(member, machine, {"cpus": 2})

@@ -7,31 +7,23 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from nats.js.errors import KeyNotFoundError
-
-from einsora.api.testing import Client, RunningApi, eventually, new_member, new_tenant
-from einsora.common.bus import bind_bucket, names
+from einsora.api.testing import (
+    Client,
+    RunningApi,
+    enrolment_on_bus,
+    eventually,
+    join_machine,
+    new_member,
+    new_tenant,
+)
 from einsora.common.schemas import Enrolment
 from einsora.common.testing import Bus
 
 
-async def _machine(api: RunningApi, admin: Client) -> str:
-    made = await admin.post("/v1/machines/join-tokens", {"tunnel": False, "sharing": "private"})
-    assert made.status == 201, made.text
-    joined = await api.client(None).post(
-        "/v1/machines/join", {"token": made.body["token"], "hostname": "box"}
-    )
-    assert joined.status == 201, joined.text
-    return str(joined.body["machine_id"])
-
-
 async def _enrolment(bus: Bus, machine_id: str) -> Enrolment:
-    try:
-        entry = await bind_bucket(bus.js, names.ENROLMENTS).get(names.enrolment_key(machine_id))
-    except KeyNotFoundError as exc:
-        raise AssertionError(f"{machine_id} has no enrolment in the bucket") from exc
-    assert entry.value is not None
-    return Enrolment.from_bytes(entry.value)
+    found = await enrolment_on_bus(bus.js, machine_id)
+    assert found is not None, f"{machine_id} has no enrolment in the bucket"
+    return found
 
 
 async def _act(client: Client, machine_id: str, action: str) -> Any:
@@ -45,7 +37,7 @@ async def test_the_owners_admin_reclaims_and_releases_and_the_bucket_follows(
     lab_id, lab = await new_tenant(api, "lab", "lab-admin")
     member = await new_member(api, lab_id, "lab-member", by=lab)
     _, stranger = await new_tenant(api, "stranger", "stranger-admin")
-    machine = await _machine(api, lab)
+    machine = await join_machine(api, lab)
     before = await _enrolment(bus, machine)
     assert (before.reclaimed_at, before.reclaim_grace_s, before.guest_min_runtime_s) == (
         None,
@@ -101,7 +93,7 @@ async def test_the_owner_sets_the_grace_and_guests_minimum_runtime(
     lab_id, lab = await new_tenant(api, "lab", "lab-admin")
     member = await new_member(api, lab_id, "lab-member", by=lab)
     _, stranger = await new_tenant(api, "stranger", "stranger-admin")
-    machine = await _machine(api, lab)
+    machine = await join_machine(api, lab)
 
     body = {"reclaim_grace_s": 30, "guest_min_runtime_s": 0}
     changed = await lab.call("PATCH", f"/v1/machines/{machine}", body)

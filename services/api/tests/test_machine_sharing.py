@@ -10,18 +10,18 @@ from typing import Any
 
 import pytest_asyncio
 import sqlalchemy as sa
-from nats.js.errors import KeyNotFoundError
 
 from einsora.api.testing import (
     Client,
     RunningApi,
+    enrolment_on_bus,
     eventually,
+    join_machine,
     new_member,
     new_tenant,
     running_api,
 )
 from einsora.common.bus import bind_bucket, names
-from einsora.common.schemas import Enrolment
 from einsora.common.settings import Settings
 from einsora.common.testing import Bus
 
@@ -34,25 +34,6 @@ async def pool_api(bus: Bus, sqlite_url: str, data_dir: Path) -> AsyncIterator[R
     )
     async with running_api(settings) as running:
         yield running
-
-
-async def _machine(api: RunningApi, admin: Client, sharing: str = "private") -> str:
-    """A machine joined with a token of the admin's tenant (reached directly: no hub)."""
-    made = await admin.post("/v1/machines/join-tokens", {"tunnel": False, "sharing": sharing})
-    assert made.status == 201, made.text
-    joined = await api.client(None).post(
-        "/v1/machines/join", {"token": made.body["token"], "hostname": "box"}
-    )
-    assert joined.status == 201, joined.text
-    return str(joined.body["machine_id"])
-
-
-async def _enrolment(bus: Bus, machine_id: str) -> Enrolment | None:
-    try:
-        entry = await bind_bucket(bus.js, names.ENROLMENTS).get(names.enrolment_key(machine_id))
-    except KeyNotFoundError:
-        return None
-    return None if entry.value is None else Enrolment.from_bytes(entry.value)
 
 
 async def _share(client: Client, machine_id: str, body: Any) -> Any:
@@ -74,7 +55,7 @@ async def test_the_owners_admin_sets_the_sharing_level_and_the_bucket_follows(
     lab_id, lab = await new_tenant(api, "lab", "lab-admin")
     member = await new_member(api, lab_id, "lab-member", by=lab)
     _, other = await new_tenant(api, "other", "other-admin")
-    machine = await _machine(api, lab)
+    machine = await join_machine(api, lab)
 
     shared = await _share(lab, machine, {"sharing": "invite-only"})
     assert shared.status == 200, shared.text
@@ -83,7 +64,7 @@ async def test_the_owners_admin_sets_the_sharing_level_and_the_bucket_follows(
     assert shared.body["enrolment"]["owner_tenant_name"] == "lab"
     assert shared.body["enrolment"]["guests"] == []
     # The scheduler's copy changed before the answer came.
-    enrolment = await _enrolment(bus, machine)
+    enrolment = await enrolment_on_bus(bus.js, machine)
     assert enrolment is not None
     assert enrolment.sharing == "invite-only"
 
@@ -96,7 +77,7 @@ async def test_the_owners_admin_sets_the_sharing_level_and_the_bucket_follows(
     assert (await _share(lab, "m-nope", {"sharing": "community"})).status == 404
     by_operator = await _share(api.owner, machine, {"sharing": "community"})
     assert by_operator.status == 200
-    enrolment = await _enrolment(bus, machine)
+    enrolment = await enrolment_on_bus(bus.js, machine)
     assert enrolment is not None
     assert enrolment.sharing == "community"
     # Now any tenant of the pool sees it, so another tenant's admin is refused, not told it is
@@ -116,7 +97,7 @@ async def test_the_owners_admin_sets_the_sharing_level_and_the_bucket_follows(
         assert field in [d["field"] for d in answer.body["details"]], answer.body
     not_json = await lab.call("PATCH", f"/v1/machines/{machine}", data=b"{sharing")
     assert not_json.status == 400
-    enrolment = await _enrolment(bus, machine)
+    enrolment = await enrolment_on_bus(bus.js, machine)
     assert enrolment is not None
     assert enrolment.sharing == "community"  # nothing refused changed anything
 
@@ -129,7 +110,7 @@ async def test_an_accepted_invitation_makes_a_guest_until_it_is_revoked(
     studio_id, studio = await new_tenant(api, "studio", "studio-admin")
     studio_member = await new_member(api, studio_id, "studio-member", by=studio)
     _, stranger = await new_tenant(api, "stranger", "stranger-admin")
-    machine = await _machine(api, lab, sharing="invite-only")
+    machine = await join_machine(api, lab, sharing="invite-only")
 
     made = await _invite(lab, machine, "studio")
     assert made.status == 201, made.text
@@ -164,14 +145,14 @@ async def test_an_accepted_invitation_makes_a_guest_until_it_is_revoked(
     not_theirs = await _accept(stranger, invitation["id"])
     assert not_theirs.status == 404
     assert (await _accept(stranger, "mi-nope")).status == 404
-    enrolment = await _enrolment(bus, machine)
+    enrolment = await enrolment_on_bus(bus.js, machine)
     assert enrolment is not None
     assert enrolment.guests == []  # nothing refused changed anything
 
     accepted = await _accept(studio, invitation["id"])
     assert accepted.status == 200, accepted.text
     assert accepted.body["accepted_at"] is not None
-    enrolment = await _enrolment(bus, machine)
+    enrolment = await enrolment_on_bus(bus.js, machine)
     assert enrolment is not None
     assert enrolment.guests == [studio_id]  # on the bus before the answer
     assert (await _accept(studio, invitation["id"])).body["accepted_at"] == accepted.body[
@@ -189,7 +170,7 @@ async def test_an_accepted_invitation_makes_a_guest_until_it_is_revoked(
 
     gone = await lab.delete(f"/v1/machines/{machine}/invitations/{invitation['id']}")
     assert gone.status == 204
-    enrolment = await _enrolment(bus, machine)
+    enrolment = await enrolment_on_bus(bus.js, machine)
     assert enrolment is not None
     assert enrolment.guests == []
     assert (await lab.delete(f"/v1/machines/{machine}/invitations/{invitation['id']}")).status == (
@@ -208,7 +189,7 @@ async def test_concurrent_invitations_of_one_tenant_make_one(api_on_store: Runni
     api = api_on_store
     _, lab = await new_tenant(api, "lab", "lab-admin")
     await new_tenant(api, "studio", "studio-admin")
-    machine = await _machine(api, lab, sharing="invite-only")
+    machine = await join_machine(api, lab, sharing="invite-only")
     answers = await asyncio.gather(*(_invite(lab, machine, "studio") for _ in range(8)))
     assert sorted(a.status for a in answers) == [200] * 7 + [201], [a.text for a in answers]
     assert len({a.body["id"] for a in answers}) == 1
@@ -219,7 +200,7 @@ async def test_concurrent_invitations_of_one_tenant_make_one(api_on_store: Runni
 async def test_the_repair_pass_puts_the_guests_back(api: RunningApi, bus: Bus) -> None:
     _, lab = await new_tenant(api, "lab", "lab-admin")
     studio_id, studio = await new_tenant(api, "studio", "studio-admin")
-    machine = await _machine(api, lab, sharing="invite-only")
+    machine = await join_machine(api, lab, sharing="invite-only")
     invitation = (await _invite(lab, machine, "studio")).body["id"]
     assert (await _accept(studio, invitation)).status == 200
 
@@ -228,7 +209,7 @@ async def test_the_repair_pass_puts_the_guests_back(api: RunningApi, bus: Bus) -
     assert sync is not None
     put, _ = await sync.repair()
     assert put == [machine]
-    enrolment = await _enrolment(bus, machine)
+    enrolment = await enrolment_on_bus(bus.js, machine)
     assert enrolment is not None
     assert (enrolment.sharing, enrolment.guests) == ("invite-only", [studio_id])
     assert await sync.repair() == ([], [])  # the store and the bucket agree now
@@ -245,15 +226,15 @@ async def test_a_tenant_sees_its_machines_those_it_is_a_guest_of_and_the_communi
     lab_id, lab = await new_tenant(api, "lab", "lab-admin")
     studio_id, studio = await new_tenant(api, "studio", "studio-admin")
     _, stranger = await new_tenant(api, "stranger", "stranger-admin")
-    private = await _machine(api, lab)
-    invited = await _machine(api, lab, sharing="invite-only")
-    community = await _machine(api, lab, sharing="community")
+    private = await join_machine(api, lab)
+    invited = await join_machine(api, lab, sharing="invite-only")
+    community = await join_machine(api, lab, sharing="community")
     # An accepted invitation to a private machine: the guest sees it once it is shared.
-    held_back = await _machine(api, lab)
+    held_back = await join_machine(api, lab)
     for machine in (invited, held_back):
         made = await _invite(lab, machine, "studio")
         assert (await _accept(studio, made.body["id"])).status == 200
-    studios = await _machine(api, studio)
+    studios = await join_machine(api, studio)
     everyone = {private, invited, community, held_back, studios}
 
     async def caught_up() -> bool:
@@ -292,7 +273,7 @@ async def test_without_a_community_pool_community_counts_as_invite_only(api: Run
     _, lab = await new_tenant(api, "lab", "lab-admin")
     _, studio = await new_tenant(api, "studio", "studio-admin")
     _, stranger = await new_tenant(api, "stranger", "stranger-admin")
-    machine = await _machine(api, lab, sharing="community")
+    machine = await join_machine(api, lab, sharing="community")
     made = await _invite(lab, machine, "studio")
     assert (await _accept(studio, made.body["id"])).status == 200
 
@@ -310,8 +291,8 @@ async def test_a_workload_on_another_tenants_machine_says_who_can_see_its_data(
 ) -> None:
     _, lab = await new_tenant(api, "lab", "lab-admin")
     studio_id, studio = await new_tenant(api, "studio", "studio-admin")
-    machine = await _machine(api, lab, sharing="community")
-    own_machine = await _machine(api, studio)
+    machine = await join_machine(api, lab, sharing="community")
+    own_machine = await join_machine(api, studio)
     key = {"Idempotency-Key": "guest-launch"}
     launch = {"kind": "notebook", "class": "cpu-1c-2g"}
     guest = await studio.post("/v1/workloads", launch, headers=key)
@@ -354,7 +335,7 @@ async def test_an_invitation_may_name_one_user_who_accepts_it_themself(
     ada = await new_member(api, studio_id, "ada", by=studio)
     bo = await new_member(api, studio_id, "bo", by=studio)
     ada_id = (await ada.get("/v1/me")).body["user"]["id"]
-    machine = await _machine(api, lab, sharing="invite-only")
+    machine = await join_machine(api, lab, sharing="invite-only")
 
     for bad, field in (
         ({}, "tenant"),
@@ -384,7 +365,7 @@ async def test_an_invitation_may_name_one_user_who_accepts_it_themself(
     assert (await _accept(bo, invitation["id"])).status == 404
     accepted = await _accept(ada, invitation["id"])  # a member, not an admin: hers to accept
     assert accepted.status == 200, accepted.text
-    enrolment = await _enrolment(bus, machine)
+    enrolment = await enrolment_on_bus(bus.js, machine)
     assert enrolment is not None
     assert (enrolment.guests, enrolment.guest_users) == ([], [ada_id])  # before the answer
     # She sees the machine; her tenant-mate does not.
@@ -393,7 +374,7 @@ async def test_an_invitation_may_name_one_user_who_accepts_it_themself(
 
     gone = await lab.delete(f"/v1/machines/{machine}/invitations/{invitation['id']}")
     assert gone.status == 204
-    enrolment = await _enrolment(bus, machine)
+    enrolment = await enrolment_on_bus(bus.js, machine)
     assert enrolment is not None
     assert enrolment.guest_users == []
     assert machine not in {m["id"] for m in (await ada.get("/v1/machines")).body["items"]}

@@ -10,16 +10,23 @@ from __future__ import annotations
 import asyncio
 import io
 import json as jsonlib
+import os
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, BinaryIO
 
 import aiohttp
 from multidict import CIMultiDict
+from nats.js import JetStreamContext
+from nats.js.errors import KeyNotFoundError
 
 from einsora.api.service import ApiService
+from einsora.common.bus import bind_bucket, names
+from einsora.common.schemas import Enrolment
 from einsora.common.settings import Settings
 
 
@@ -160,3 +167,61 @@ async def new_tenant(api: RunningApi, name: str, admin: str) -> tuple[str, Clien
     if tenant.status != 201:
         raise AssertionError(f"tenant refused: {tenant.status} {tenant.text}")
     return tenant.body["id"], await new_member(api, tenant.body["id"], admin, "admin")
+
+
+EINSORA = str(Path(sys.executable).parent / "einsora")
+"""The `einsora` command of this environment, as a user runs it."""
+
+
+def cli_env(api: RunningApi, home: Path, token: str | None = None, **extra: str) -> dict[str, str]:
+    """The environment of an `einsora` command run against `api` as `token` (the owner's by
+    default), with its own config and data dirs under `home` and no bus of its own."""
+    token = token or api.owner.token
+    assert token is not None
+    env = dict(os.environ)
+    env.pop("EINSORA_NATS_URL", None)
+    env.update(
+        EINSORA_API=api.url,
+        EINSORA_TOKEN=token,
+        EINSORA_DATA_DIR=str(home / "cli-data"),
+        XDG_CONFIG_HOME=str(home / "config"),
+        **extra,
+    )
+    return env
+
+
+async def einsora(
+    env: Mapping[str, str], *args: str, timeout_s: float = 120
+) -> tuple[int, str, str]:
+    """Run `einsora ARGS` as a process: its exit code, stdout and stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        EINSORA,
+        *args,
+        env=dict(env),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout_s)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def join_machine(api: RunningApi, admin: Client, *, sharing: str = "private") -> str:
+    """A machine joined with a join token of the admin's tenant (reached directly, no tunnel):
+    its id."""
+    made = await admin.post("/v1/machines/join-tokens", {"tunnel": False, "sharing": sharing})
+    assert made.status == 201, made.text
+    joined = await api.client(None).post(
+        "/v1/machines/join", {"token": made.body["token"], "hostname": "box"}
+    )
+    assert joined.status == 201, joined.text
+    return str(joined.body["machine_id"])
+
+
+async def enrolment_on_bus(js: JetStreamContext, machine_id: str) -> Enrolment | None:
+    """The machine's enrolment as the `enrolments` bucket holds it (None: it holds none)."""
+    try:
+        entry = await bind_bucket(js, names.ENROLMENTS).get(names.enrolment_key(machine_id))
+    except KeyNotFoundError:
+        return None
+    return None if entry.value is None else Enrolment.from_bytes(entry.value)
