@@ -30,10 +30,12 @@ async def durable_write_ceiling(js: JetStreamContext) -> float:
 
 async def stored_messages(js: JetStreamContext) -> int:
     """Messages every stream has stored so far (KV buckets are streams too)."""
-    total = 0
-    for info in await js.streams_info():
-        total += info.state.last_seq
-    return total
+    return sum((await stored_by_stream(js)).values())
+
+
+async def stored_by_stream(js: JetStreamContext) -> dict[str, int]:
+    """Messages each stream has stored so far, by stream name."""
+    return {info.config.name or "?": info.state.last_seq for info in await js.streams_info()}
 
 
 async def _digested(js: JetStreamContext) -> bool:

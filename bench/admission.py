@@ -14,25 +14,35 @@ floor. With the agent it also measures launch → the agent reporting the worklo
 - `--steady` skips the burst: only the paced phase, at a steady rate on an idle system.
 - `--postgres [URL]` runs the api and the scheduler on one fresh Postgres database (their
   tables are apart, as in a Lab cell) instead of a SQLite file each.
+- `--tracing on` turns OpenTelemetry on in every service (OTLP/HTTP to a sink in this process
+  that keeps nothing); `--tracing compare` runs the whole measurement with tracing off, then on,
+  `--rounds` times in one sitting, and ends with both admissions/s and the change (ADR-0020).
 
 The same run measures the bus's durable-write ceiling first (pipelined JetStream publishes per
 second to a scratch stream, `sync_interval: always`, as every stream here is) and counts the
-JetStream messages stored per admission during the burst (heartbeats included), so the figure
-can be read against the physical limit: ceiling / writes per admission. The paced phase starts
-only once the burst is digested (no intent, event or outbox row left to process).
+JetStream messages stored per admission during the burst (heartbeats included), by stream, so
+the figure can be read against the physical limit: ceiling / writes per admission. The paced
+phase starts only once the burst is digested (no intent, event or outbox row left to process).
+
+It also says where the burst's time went: how fast the launches were answered (the api's 201,
+or JetStream's ack with `--direct`) beside how fast they were placed, how busy each process was
+(cores: CPU seconds over the burst's seconds; a total well under the machine's cores means the
+path waits rather than computes), and the scheduler's and the api's CPU per admission (CPU time
+varies much less than throughput when the machine is shared).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -50,8 +60,9 @@ from _admission_seams import (
     enrol,
     sim_machine_ids,
 )
-from _bus_figures import durable_write_ceiling, stored_messages, until_digested
+from _bus_figures import durable_write_ceiling, stored_by_stream, until_digested
 from _harness import DEFAULT_POSTGRES, fresh_postgres, load, report, summary_ms
+from aiohttp import web
 
 from einsora.agent.identity import sim_machine_ids as agent_machine_ids
 from einsora.common.bus import connect, names, provision
@@ -79,9 +90,13 @@ def _class_of(i: int) -> str:
     return "l40s-48gb" if i % 5 < GPU_SHARE * 5 else "cpu-2c-4g"
 
 
+_TRACING_ENV: dict[str, str] = {}
+"""The OTEL_* variables every service of the run gets (`--tracing`: tracing on)."""
+
+
 def _spawn(tmp: str, url: str, *args: str) -> subprocess.Popen[bytes]:
     command = [str(Path(sys.executable).parent / "einsora"), *args, "--nats", url]
-    env = {**os.environ, "EINSORA_LOG_LEVEL": "WARNING", **API_LIMITS_OFF}
+    env = {**os.environ, "EINSORA_LOG_LEVEL": "WARNING", **API_LIMITS_OFF, **_TRACING_ENV}
     return subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env)
 
 
@@ -153,7 +168,8 @@ async def run(
     agent: bool,
     direct: bool,
     database_url: str | None = None,
-) -> None:
+    name: str | None = None,
+) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats", port=0) as server:
         nc = await connect(server.url, name="bench-admission")
         js = nc.jetstream()
@@ -203,20 +219,42 @@ async def run(
             await observer.start()
             await _until(lambda: len(observer.machines) >= machines, 120, "machines known")
 
-            burst_s = burst_cpu = 0.0
+            burst_s = burst_cpu = api_cpu = answered_s = 0.0
+            cores: dict[str, float] = {}
+            by_stream: dict[str, float] = {}
             burst_lat: dict[str, float | None] = {"p50": None, "p99": None}
             writes = 0
             if burst:
-                stored0 = await stored_messages(js)
+                stored0 = await stored_by_stream(js)
+                pids = {"scheduler": scheduler.pid, "nats-server": server.pid or 0}
+                if not direct:
+                    pids["api"] = processes[0].pid
+                if agent:
+                    pids["agent"] = processes[-2].pid
+                busy0 = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+                busy0["bench"] = time.process_time()
                 cpu0 = _cpu_seconds(scheduler.pid)
+                api_cpu0 = _cpu_seconds(processes[0].pid) if not direct else 0.0
                 start = time.perf_counter()
                 ids = await _launch_all(launcher, burst)
                 await _until(lambda: all(w in observer.seen for w in ids), 300, "burst placed")
                 burst_s = max(observer.seen[w] for w in ids) - start
+                answered_s = max(launcher.launched[w] for w in ids) - start
                 burst_cpu = _cpu_seconds(scheduler.pid) - cpu0
+                busy = {name: _cpu_seconds(pid) - busy0[name] for name, pid in pids.items()}
+                busy["bench"] = time.process_time() - busy0["bench"]
+                cores = {name: round(s / burst_s, 2) for name, s in busy.items()}
                 burst_lat = {**summary_ms([observer.seen[w] - launcher.launched[w] for w in ids])}
                 await until_digested(js)
-                writes = await stored_messages(js) - stored0
+                if not direct:  # the timeline's share comes in as the burst is digested
+                    api_cpu = _cpu_seconds(processes[0].pid) - api_cpu0
+                stored1 = await stored_by_stream(js)
+                by_stream = {
+                    name: round((n - stored0.get(name, 0)) / burst, 2)
+                    for name, n in sorted(stored1.items())
+                    if n != stored0.get(name, 0)
+                }
+                writes = sum(stored1.values()) - sum(stored0.values())
             if agent:
                 # Watching every observed key parses each agent's complete state: on 2 cores
                 # that would take CPU from the system measured, so only the paced phase does.
@@ -251,11 +289,18 @@ async def run(
         "admissions_per_s": round(throughput),
         "durable_write_ceiling_per_s": round(ceiling),
         "durable_writes_per_admission": round(per_admission, 2) if per_admission else None,
+        "durable_writes_per_admission_by_stream": by_stream,
         "admission_bound_per_s": round(bound) if bound else None,
         "fraction_of_bound": round(fraction, 3) if fraction else None,
         "burst_latency_p50_ms": burst_lat["p50"],
         "burst_latency_p99_ms": burst_lat["p99"],
         "scheduler_cpu_ms_per_admission": round(burst_cpu / burst * 1000, 3) if burst else None,
+        "api_cpu_ms_per_admission": (
+            round(api_cpu / burst * 1000, 3) if burst and not direct else None
+        ),
+        "launches_answered_per_s": round(burst / answered_s) if answered_s else None,
+        "burst_cores_by_process": cores,
+        "burst_cores_total": round(sum(cores.values()), 2),
         "paced_rate_per_s": rate,
         "paced_latency_p50_ms": paced_lat["p50"],
         "paced_latency_p99_ms": paced_lat["p99"],
@@ -285,8 +330,9 @@ async def run(
         if bus
         else "not measured on this checkout (run bench/bus.py first)"
     )
+    figures["tracing"] = "on (OTLP/HTTP to a local sink)" if _TRACING_ENV else "off"
     report(
-        "admission" if database_url is None else "admission-postgres",
+        name or ("admission" if database_url is None else "admission-postgres"),
         [
             ("sim machines (4x l40s-48gb, 64 cpu each)", f"{machines:,}"),
             (
@@ -294,10 +340,23 @@ async def run(
                 f"{throughput:,.0f} admissions/s ({burst_s:.2f} s)",
             ),
             (
+                "  launches answered (201, or JetStream's ack with --direct)",
+                f"{burst / answered_s:,.0f}/s" if answered_s else "-",
+            ),
+            (
                 "  launch → in desired state",
                 f"p50 {burst_lat['p50']} ms, p99 {burst_lat['p99']} ms",
             ),
             ("  scheduler CPU per admission", f"{burst_cpu / max(burst, 1) * 1000:.3f} ms"),
+            (
+                "  api CPU per admission (until digested)",
+                "-" if direct else f"{api_cpu / max(burst, 1) * 1000:.3f} ms",
+            ),
+            (
+                "  cores busy during the burst",
+                ", ".join(f"{name} {c:.2f}" for name, c in cores.items())
+                + f"; {sum(cores.values()):.2f} of {os.cpu_count()}",
+            ),
             (
                 "durable-write ceiling (pipelined JetStream publishes, fsync each)",
                 f"{ceiling:,.0f}/s",
@@ -305,6 +364,10 @@ async def run(
             (
                 "  JetStream messages stored per admission (heartbeats included)",
                 f"{per_admission:.2f}" if per_admission else "-",
+            ),
+            (
+                "    by stream",
+                ", ".join(f"{name} {n:.2f}" for name, n in by_stream.items()) or "-",
             ),
             (
                 "  admissions the bus allows (ceiling / writes per admission)",
@@ -326,9 +389,11 @@ async def run(
             ("seen via", "a watch on the machines' desired keys, as each agent watches its own"),
             ("machines from", "a sim agent process" if agent else "inventories written to KV"),
             ("stores", "one Postgres database" if database_url else "a SQLite file each"),
+            ("tracing", str(figures["tracing"])),
         ],
         figures,
     )
+    return figures
 
 
 def main() -> None:
@@ -355,6 +420,14 @@ def main() -> None:
         help="no burst: only the paced phase, on an idle system",
     )
     parser.add_argument(
+        "--tracing",
+        choices=("off", "on", "compare"),
+        default="off",
+        help="OpenTelemetry in every service (on: OTLP/HTTP to a sink in this process); "
+        "compare: the whole run with tracing off, then on, --rounds times, in one sitting",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="with --tracing compare")
+    parser.add_argument(
         "--direct",
         action="store_true",
         help="publish intents onto INTENTS instead of POSTing to the api",
@@ -363,14 +436,118 @@ def main() -> None:
     burst = 0 if args.steady else args.burst
     options = (args.machines, burst, args.rate, args.paced, not args.kv_machines, args.direct)
 
-    async def main_async() -> None:
+    async def one(name: str | None = None) -> dict[str, object]:
         if args.postgres is None:
-            await run(*options)
-            return
+            return await run(*options, name=name)
         async with fresh_postgres(args.postgres) as database_url:
-            await run(*options, database_url=database_url)
+            return await run(*options, database_url=database_url, name=name)
+
+    async def main_async() -> None:
+        if args.tracing == "off":
+            await one()
+            return
+        async with otlp_sink() as endpoint:
+            traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "1000"}
+            if args.tracing == "on":
+                _TRACING_ENV.update(traced)
+                await one()
+                return
+            rounds: dict[str, list[dict[str, object]]] = {"off": [], "on": []}
+            for _ in range(args.rounds):
+                for mode in ("off", "on"):
+                    _TRACING_ENV.clear()
+                    if mode == "on":
+                        _TRACING_ENV.update(traced)
+                    rounds[mode].append(await one(f"admission-tracing-{mode}"))
+            compare_tracing(rounds, endpoint)
 
     asyncio.run(main_async())
+
+
+@contextlib.asynccontextmanager
+async def otlp_sink() -> AsyncIterator[str]:
+    """An OTLP/HTTP endpoint that takes every export and keeps nothing: the services pay for
+    making, batching, encoding and sending their spans, as against a real collector."""
+    received = {"requests": 0, "bytes": 0}
+
+    async def traces(request: web.Request) -> web.Response:
+        body = await request.read()
+        received["requests"] += 1
+        received["bytes"] += len(body)
+        return web.Response(body=b"", content_type="application/x-protobuf")
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/v1/traces", traces)
+    app["received"] = received
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = _free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    SINK_RECEIVED.clear()
+    SINK_RECEIVED.update(received)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        SINK_RECEIVED.update(received)
+        await runner.cleanup()
+
+
+SINK_RECEIVED: dict[str, int] = {}
+
+
+def compare_tracing(rounds: dict[str, list[dict[str, object]]], endpoint: str) -> None:
+    """The table and JSON line of a `--tracing compare` run: admissions/s off and on."""
+
+    def mean(mode: str, key: str) -> float:
+        values = [float(str(r[key])) for r in rounds[mode] if r.get(key) is not None]
+        return sum(values) / len(values) if values else float("nan")
+
+    off, on = mean("off", "admissions_per_s"), mean("on", "admissions_per_s")
+    change = (on - off) / off * 100 if off else float("nan")
+    figures = {
+        "rounds": len(rounds["on"]),
+        "admissions_per_s_tracing_off": round(off),
+        "admissions_per_s_tracing_on": round(on),
+        "admissions_change_percent": round(change, 1),
+        "each_off": [r["admissions_per_s"] for r in rounds["off"]],
+        "each_on": [r["admissions_per_s"] for r in rounds["on"]],
+        "paced_latency_p50_ms_off": mean("off", "paced_latency_p50_ms"),
+        "paced_latency_p50_ms_on": mean("on", "paced_latency_p50_ms"),
+        "scheduler_cpu_ms_per_admission_off": mean("off", "scheduler_cpu_ms_per_admission"),
+        "scheduler_cpu_ms_per_admission_on": mean("on", "scheduler_cpu_ms_per_admission"),
+        "api_cpu_ms_per_admission_off": mean("off", "api_cpu_ms_per_admission"),
+        "api_cpu_ms_per_admission_on": mean("on", "api_cpu_ms_per_admission"),
+        # The SDK's own reading of these; unset, every trace is recorded (parentbased_always_on).
+        "sampler": os.environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on"),
+        "sampler_arg": os.environ.get("OTEL_TRACES_SAMPLER_ARG"),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
+    report(
+        "admission-tracing",
+        [
+            ("rounds (off, then on, in one sitting)", str(figures["rounds"])),
+            ("admissions/s, tracing off", f"{off:,.0f} ({figures['each_off']})"),
+            ("admissions/s, tracing on", f"{on:,.0f} ({figures['each_on']})"),
+            ("change with tracing on", f"{change:+.1f} %"),
+            (
+                "scheduler CPU per admission, off / on",
+                f"{figures['scheduler_cpu_ms_per_admission_off']:.3f} / "
+                f"{figures['scheduler_cpu_ms_per_admission_on']:.3f} ms",
+            ),
+            (
+                "api CPU per admission, off / on",
+                f"{figures['api_cpu_ms_per_admission_off']:.3f} / "
+                f"{figures['api_cpu_ms_per_admission_on']:.3f} ms",
+            ),
+            (
+                "sampler (OTEL_TRACES_SAMPLER, _ARG)",
+                f"{figures['sampler']} {figures['sampler_arg']}",
+            ),
+            ("spans exported to", f"{endpoint} (a sink that keeps nothing)"),
+            ("load average (1 min) at the end", str(figures["load_average_1m"])),
+        ],
+        figures,
+    )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
+import pytest
 import pytest_asyncio
 
 from einsora.agent.service import DriverName
@@ -21,6 +22,10 @@ from einsora.cli.controlplane import ControlPlane
 from einsora.common.settings import Settings
 
 WAIT_S = 60.0
+
+STOP_WORKLOADS_S = 60.0
+"""How long a plane's agent may take to stop its workloads at a test's end: past it, the test
+fails saying where each workload stands, rather than hanging until pytest's timeout."""
 
 
 class StartPlane(Protocol):
@@ -63,9 +68,19 @@ async def start_plane(tmp_path: Path) -> AsyncIterator[StartPlane]:
 
     yield start
     for plane in reversed(planes):
-        if plane.agent is not None:
-            await plane.agent.stop_workloads()
-        await plane.stop()
+        try:
+            if plane.agent is not None:
+                try:
+                    await asyncio.wait_for(plane.agent.stop_workloads(), STOP_WORKLOADS_S)
+                except TimeoutError:
+                    pytest.fail(
+                        f"the agent's workloads did not stop within {STOP_WORKLOADS_S:g} s: "
+                        + "; ".join(plane.agent.unsettled())
+                    )
+        finally:
+            await plane.stop()
+            if plane.stuck:
+                pytest.fail("services did not stop: " + "\n".join(plane.stuck))
 
 
 @dataclass

@@ -238,3 +238,37 @@ def test_the_seeds_are_private(locked_bus: Identities, tmp_path: Path) -> None:
     for ident in locked_bus.by_name.values():
         assert ident.public_key in text
         assert ident.seed not in text
+
+
+async def test_region_statuses_and_hand_overs_are_the_schedulers(
+    clients: dict[str, Client],
+) -> None:
+    """ADR-0022: a scheduler puts its region's status and hands workloads over to another
+    region's intent subject; the api reads the statuses and writes model fallbacks; an agent
+    does none of it."""
+    status = b'{"region": "office", "at": "2026-12-01T00:00:00Z", "period_s": 5}'
+    scheduler = clients[identities.SCHEDULER]
+    await bind_bucket(scheduler.nc.jetstream(), names.REGIONS).put("office", status)
+    ack = await scheduler.nc.jetstream().publish(
+        names.intent_subject("office", "w-handed"), b"{}", timeout=2
+    )
+    assert ack.stream == names.INTENTS.name
+    api = clients[identities.API]
+    assert (await bind_bucket(api.nc.jetstream(), names.REGIONS).get("office")).value == status
+    await bind_bucket(api.nc.jetstream(), names.MODEL_FALLBACKS).put("w-endpoint", b"{}")
+    refusals = [
+        (identities.API, names.REGIONS.key_subject("office")),
+        (MACHINE, names.REGIONS.key_subject("office")),
+        (identities.SCHEDULER, names.MODEL_FALLBACKS.key_subject("w-endpoint")),
+        (MACHINE, names.MODEL_FALLBACKS.key_subject("w-endpoint")),
+    ]
+    for who, subject in refusals:
+        client = clients[who]
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(client.nc.jetstream().publish(subject, b"{}"), DENIED_WAIT_S)
+        assert await _refused(client, subject), (who, subject, client.errors)
+    agent = clients[MACHINE]
+    intent = names.intent_subject("office", "w-forged")
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(agent.nc.jetstream().publish(intent, b"{}"), DENIED_WAIT_S)
+    assert await _refused(agent, intent)

@@ -35,6 +35,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import APIError
 from nats.js.kv import KeyValue
 
+from einsora.agent.drivers.registry import DriverSet
 from einsora.agent.drivers.sim import SimDriver
 from einsora.agent.machine import MachineAgent
 from einsora.agent.supervisor import Timing
@@ -293,7 +294,7 @@ def _machine_agent(agent: Agent, changed: asyncio.Event) -> MachineAgent:
         agent.machine,
         js=agent.nc.jetstream(),
         kv=agent.kv,
-        driver=SimDriver(),
+        drivers=DriverSet([SimDriver()], "sim"),
         inventory=_inventory(agent.machine),
         workloads_dir=None,
         records=None,

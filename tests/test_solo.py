@@ -198,6 +198,26 @@ def test_first_start_on_a_terminal_prints_and_saves_the_owner_token(solo: Solo) 
     solo.stop()
 
 
+def test_the_first_start_prints_a_one_time_dashboard_link_or_how_to_build_it(
+    solo: Solo, tmp_path: Path
+) -> None:
+    built = tmp_path / "dist"
+    built.mkdir()
+    (built / "index.html").write_text("<!doctype html><title>Einsora</title>")
+    solo.env["EINSORA_DASHBOARD_DIR"] = str(built)
+    out = solo.start(on_a_terminal=True)
+    link = re.search(r"^\s+(http://127\.0\.0\.1:\d+/sign-in#link=sil_\S+)$", out, re.MULTILINE)
+    assert link, out
+    assert solo.stop() < 10
+
+    solo.env["EINSORA_DASHBOARD_DIR"] = str(tmp_path / "not-built")
+    again = solo.start(on_a_terminal=True)
+    assert "sil_" not in again  # one link, on the first start only
+    assert "make dashboard" in again
+    assert "Node.js 20" in again
+    solo.stop()
+
+
 def test_a_greeting_that_is_not_a_terminal_names_the_token_file_not_the_token(
     solo: Solo,
 ) -> None:

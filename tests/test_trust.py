@@ -41,7 +41,10 @@ async def test_a_guests_notebook_waits_on_a_machine_of_weak_isolation(
         "POST", f"/v1/machines/{machine}/invitations", {"tenant": tenant["id"]}
     )
     await guest.ok("POST", f"/v1/machine-invitations/{invitation['id']}/accept")
-    weak = f"{machine}: only weak isolation (process); guests need strong"
+    weak = (
+        f"{machine}: only weak isolation (process) for a notebook without a container image; "
+        "guests need strong"
+    )
 
     async def noted() -> bool:
         items = (await guest.ok("GET", f"/v1/workloads/{made['id']}/events"))["items"]

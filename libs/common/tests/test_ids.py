@@ -1,4 +1,6 @@
+import os
 import re
+import threading
 
 from einsora.common.ids import is_id, new_id
 
@@ -28,3 +30,35 @@ def test_is_id_refuses_non_canonical_forms() -> None:
     assert not is_id(wid + ".", "workload")
     assert not is_id(" " + wid, "workload")
     assert not is_id(wid[:-1], "workload")
+
+
+def test_ids_made_at_once_on_many_threads_are_all_different() -> None:
+    made: list[list[str]] = [[] for _ in range(8)]
+
+    def make(into: list[str]) -> None:
+        into.extend(new_id("workload", now_ms=42) for _ in range(5_000))
+
+    threads = [threading.Thread(target=make, args=(each,)) for each in made]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    every = [i for each in made for i in each]
+    assert len(set(every)) == len(every) == 40_000
+
+
+def test_a_forked_child_does_not_make_its_parents_next_ids() -> None:
+    new_id("workload")  # the parent's randomness is drawn, and would be copied into a child
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, to the parent
+        os.close(read)
+        os.write(write, " ".join(new_id("workload", now_ms=42) for _ in range(100)).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child = set(pipe.read().split())
+    os.waitpid(pid, 0)
+    parent = {new_id("workload", now_ms=42) for _ in range(100)}
+    assert len(child) == 100
+    assert not child & parent

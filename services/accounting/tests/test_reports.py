@@ -71,7 +71,7 @@ def expected(
 ) -> Totals:
     """The report worked out by hand: second by second of overlap, midnight by midnight."""
     totals: Totals = defaultdict(lambda: [0.0, 0.0, 0, 0])
-    if group_by not in (ReportGroup.key, ReportGroup.key_source):
+    if group_by not in (ReportGroup.key, ReportGroup.key_source, ReportGroup.endpoint):
         for a in allocations:
             if tenant_ids is not None and a.tenant_id not in tenant_ids:
                 continue
@@ -93,7 +93,13 @@ def expected(
                 totals[group][0] += a.gpu_count * seconds
                 totals[group][1] += a.cpus * seconds
                 lo = piece
-    if group_by in (ReportGroup.tenant, ReportGroup.key, ReportGroup.key_source, ReportGroup.day):
+    if group_by in (
+        ReportGroup.tenant,
+        ReportGroup.key,
+        ReportGroup.key_source,
+        ReportGroup.endpoint,
+        ReportGroup.day,
+    ):
         for u in tokens:
             if not start <= u.at < end:
                 continue
@@ -107,6 +113,7 @@ def expected(
                 ReportGroup.tenant: u.tenant_id,
                 ReportGroup.key: u.key_id,
                 ReportGroup.key_source: f"{u.key_id}/{u.source.value}",
+                ReportGroup.endpoint: u.endpoint,
                 ReportGroup.day: u.at.date().isoformat(),
             }[group_by]
             totals[group][2] += u.prompt_tokens

@@ -21,6 +21,7 @@ import pytest_asyncio
 
 from einsora.agent.converge import Goal
 from einsora.agent.drivers import ProcessDriver, ProcessOptions
+from einsora.agent.drivers.registry import DriverSet
 from einsora.agent.records import RecordStore
 from einsora.agent.supervisor import Timing, WorkloadSupervisor
 from einsora.agent.testing import ControlPlane, Processes
@@ -78,7 +79,7 @@ class Workload:
     def supervise(self) -> WorkloadSupervisor:
         sup = WorkloadSupervisor(
             self.desired.workload_id,
-            driver=self.driver,
+            drivers=DriverSet([self.driver], self.driver.name),
             workdir=self.workdir,
             records=self.records,
             on_change=lambda: self.phases.append(sup.phase),
@@ -237,7 +238,7 @@ async def test_after_an_agent_restart_a_running_workload_still_survives_a_failed
     assert adoption.handle.ready  # its record says it was running
     w.phases.clear()
     w.supervisor = w.supervise()
-    w.supervisor.adopt(adoption.handle)
+    w.supervisor.adopt(adoption.handle, w.driver)
     since = time.monotonic()
     w.supervisor.retarget(Goal.run, w.desired)
     await wait_for(

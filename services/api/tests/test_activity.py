@@ -31,10 +31,12 @@ from einsora.api.testing import (
     Answer,
     Client,
     RunningApi,
+    SessionClient,
     eventually,
     new_member,
     new_tenant,
     running_api,
+    session_cookie_of,
 )
 from einsora.common.bus import names
 from einsora.common.ids import new_id
@@ -288,6 +290,56 @@ async def test_every_mutating_route_called_once_leaves_one_row(api_on_store: Run
         status=201,
     )
 
+    # Dashboard sessions (ADR-0019): a sign-in link made and opened, a password set and used,
+    # a new member's invitation link, a sign-out.
+    link = await calls.call(
+        "create_sign_in_link", ann, "POST", "/v1/sign-in-links", {}, tenant=acme, status=201
+    )
+    began = await calls.call(
+        "create_session_from_link",
+        anon,
+        "POST",
+        "/v1/sessions/link",
+        {"code": link.body["code"]},
+        tenant=acme,
+        status=201,
+    )
+    ann_session = SessionClient(
+        anon.session, anon.base_url, session_cookie_of(began), began.body["csrf_token"]
+    )
+    password = "correct horse battery staple"
+    await calls.call(
+        "set_password",
+        ann_session,
+        "PUT",
+        "/v1/me/password",
+        {"password": password},
+        tenant=acme,
+        status=204,
+    )
+    await calls.call(
+        "create_session",
+        anon,
+        "POST",
+        "/v1/sessions",
+        {"username": "ann", "password": password},
+        tenant=acme,
+        status=201,
+    )
+    to_cy = await ann.post(f"/v1/tenants/{acme}/invitations", {"username": "cy"})
+    await calls.call(
+        "create_session_from_invitation",
+        anon,
+        "POST",
+        "/v1/sessions/invitation",
+        {"code": to_cy.body["code"], "password": password},
+        tenant=acme,
+        status=201,
+    )
+    await calls.call(
+        "end_session", ann_session, "DELETE", "/v1/sessions/current", tenant=acme, status=204
+    )
+
     assert {route for route, *_ in calls.made} == set(_mutating_routes()), "a route is not called"
     routes = _mutating_routes()
     for route, request_id, tenant, answer in calls.made:
@@ -312,6 +364,11 @@ async def test_every_mutating_route_called_once_leaves_one_row(api_on_store: Run
     assert (by_route["join"]["user_id"], by_route["join"]["target"]) == (ann_id, machine)
     assert by_route["redeem_invitation"]["user_id"] == ann_id
     assert by_route["revoke_machine_invitation"]["target"] == invitation.body["id"]
+    # A session's actions name the session as their credential, never its secret.
+    assert by_route["create_session_from_link"]["token_id"] == began.body["id"]
+    assert by_route["end_session"]["target"] == began.body["id"]
+    assert by_route["create_session_from_invitation"]["target"] == to_cy.body["id"]
+    assert began.body["csrf_token"] not in json.dumps(by_route, default=str)
 
 
 async def test_a_ticket_redeemed_over_the_bus_is_recorded(api: RunningApi, bus: Bus) -> None:
@@ -391,15 +448,18 @@ async def test_admins_read_only_their_tenants_log_and_members_none(api: RunningA
     other, olga = await new_tenant(api, "other", "olga")
     carl = await new_member(api, acme, "carl", by=ann)
     launched = await carl.post(
-        "/v1/workloads", {"kind": "notebook", "class": "cpu-1c-2g"}, headers={"X-Request-ID": "c1"}
+        "/v1/workloads",
+        {"kind": "notebook", "class": "cpu-1c-2g"},
+        headers={"X-Request-ID": "req-by-carl"},
     )
     assert launched.status == 201
     mine = (await ann.get("/v1/activity")).body["items"]
-    assert (mine[0]["request_id"], mine[0]["username"]) == ("c1", "carl")
+    assert (mine[0]["request_id"], mine[0]["username"]) == ("req-by-carl", "carl")
     assert {e["tenant_id"] for e in mine} == {acme}
     theirs = await olga.get("/v1/activity")
     assert {e["tenant_id"] for e in theirs.body["items"]} == {other}
-    assert "c1" not in theirs.text
+    # (a request ID no random id can contain, so its absence means something)
+    assert "req-by-carl" not in theirs.text
     assert launched.body["id"] not in theirs.text
     # Another tenant's log is not found, as any of its objects; a member reads none at all.
     assert (await olga.get("/v1/activity", tenant=acme)).status == 404

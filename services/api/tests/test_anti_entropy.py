@@ -311,3 +311,46 @@ async def test_pruning_keeps_the_intents_of_waiting_workloads(api: RunningApi, b
 
 async def _has_note(api: RunningApi, workload_id: str) -> bool:
     return any(REPUBLISHED in n["reason"] for n in await _notes(api, workload_id))
+
+
+async def test_an_intent_lost_after_a_hop_is_published_again_to_the_region_that_holds_it(
+    api: RunningApi, bus: Bus
+) -> None:
+    """ADR-0022: a region step handed the workload over; its later intents, and their repair,
+    go to the region that holds it now."""
+    workload, _ = await _launch(api, bus)
+    hop = WorkloadEvent(
+        event_id=f"{workload['id']}-1",
+        workload_id=workload["id"],
+        tenant_id=workload["tenant_id"],
+        kind=EventKind.note,
+        state=WorkloadState.pending,
+        reason="cpu-1c-2g: none free in local; trying region office, whose scheduler takes it",
+        seq=1,
+        region="office",
+    )
+    await publish(bus.js, names.event_subject(workload["id"]), hop, request_id="r", msg_id="h1")
+
+    async def heard() -> bool:
+        return any("trying region office" in n["reason"] for n in await _notes(api, workload["id"]))
+
+    await eventually(heard)
+    assert (await api.owner.post(f"/v1/workloads/{workload['id']}/park")).status == 202
+    office = names.intent_subject("office", workload["id"])
+
+    async def parked_there() -> bool:
+        return await _all_sent(api) and await _last(bus.js, office) is not None
+
+    await eventually(parked_there)
+    await bus.js.purge_stream(names.INTENTS.name, subject=office)
+
+    async def back() -> bool:
+        last = await _last(bus.js, office)
+        return last is not None and last.data is not None
+
+    await eventually(back)
+    again = await _last(bus.js, office)
+    assert again is not None
+    assert again.data is not None
+    republished = WorkloadIntent.from_bytes(again.data)
+    assert (republished.action, republished.region) == (IntentAction.park, "office")

@@ -131,10 +131,10 @@ async def test_machines_classes_and_regions_follow_the_inventories(
     assert classes["apple-silicon-32gb"]["regions"] == []
 
     regions = await _all(api, "/v1/regions")
-    assert regions == [
-        {"name": "home", "machines": 1},
-        {"name": "lab", "machines": 1},
-        {"name": "local", "machines": 0},
+    assert [(r["name"], r["machines"], r["scheduler"]["state"]) for r in regions] == [
+        ("home", 1, "unknown"),  # no scheduler runs here (test_fallback.py has some)
+        ("lab", 1, "unknown"),
+        ("local", 0, "unknown"),
     ]
 
     await kv.delete(names.inventory_key("m-small"))
@@ -176,3 +176,35 @@ async def test_a_64_gb_mac_offers_every_apple_class_up_to_64_gb(api: RunningApi,
     classes = await _all(api, "/v1/classes")
     apple = {c["name"] for c in classes if c["accelerator"] == "apple" and c["regions"]}
     assert apple == {"apple-silicon-16gb", "apple-silicon-32gb", "apple-silicon-64gb"}
+
+
+def test_what_is_free_now_is_what_is_lent_less_what_is_placed() -> None:
+    from einsora.api.machines import MachineRecord
+    from einsora.api.services.catalog import free_by_class
+    from einsora.common.catalog import Catalog
+    from einsora.common.schemas import Enrolment, Lend
+
+    l40s = [Gpu(index=i, uuid=f"GPU-{i}", model="NVIDIA L40S", memory_mib=46068) for i in range(4)]
+    enrolled = Enrolment(machine_id="m-gpu", owner_tenant_id="t-1", region="lab")
+    gpu_box = MachineRecord(
+        "m-gpu", inventory=_inventory("m-gpu", "lab", 32, 128, l40s), enrolment=enrolled
+    )
+    # Its owner lends three of the four GPUs and 8 of its 32 cores.
+    gpu_box.enrolment = enrolled.model_copy(
+        update={"lend": Lend(gpus=["GPU-0", "GPU-1", "GPU-2"], cpus=8)}
+    )
+    small = MachineRecord(
+        "m-small",
+        inventory=_inventory("m-small", "home", 4, 8, []),
+        enrolment=enrolled.model_copy(update={"machine_id": "m-small", "region": "home"}),
+    )
+    stray = MachineRecord("m-stray", inventory=_inventory("m-stray", "lab", 64, 512, l40s))
+    placed = {"m-gpu": [("l40s-48gb", 2), ("cpu-2c-4g", 1)], "m-small": [("cpu-1c-2g", 3)]}
+
+    free = free_by_class(Catalog(), [gpu_box, small, stray], placed)
+
+    assert free["l40s-48gb"] == 1  # 3 lent, 2 placed; the stray machine is not enrolled
+    # m-gpu: 8 lent cores less 2 placed = 6, 128 GiB less 4; m-small: 4 cores less 3, 8 GiB less 6.
+    assert free["cpu-2c-4g"] == 3 + 0
+    assert free["cpu-1c-2g"] == 6 + 1
+    assert "h100-80gb" not in free

@@ -401,7 +401,7 @@ async def test_a_snapshot_behind_the_bus_is_followed_by_what_it_missed(plane: Pl
         await timeline.start()
 
 
-@pytest.mark.slow
+@pytest.mark.long
 async def test_a_stream_stays_open_across_a_minute_of_silence(bus: Bus, tmp_path: Path) -> None:
     """The default heartbeat (15 s), in real time: what a proxy with a 60 s idle timeout sees."""
     settings = Settings(

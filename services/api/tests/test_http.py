@@ -85,9 +85,15 @@ async def test_openapi_is_generated_from_the_route_table(shared_api: RunningApi)
     assert [p["name"] for p in create["parameters"]] == ["Idempotency-Key", "traceparent"]
     listing = document["paths"]["/v1/workloads"]["get"]
     assert {p["name"] for p in listing["parameters"]} == {"limit", "cursor", "state", "kind"}
-    assert document["components"]["securitySchemes"] == {
-        "bearer": {"type": "http", "scheme": "bearer"}
+    schemes = document["components"]["securitySchemes"]
+    assert schemes["bearer"] == {"type": "http", "scheme": "bearer"}
+    # The dashboard's session cookie is the other way in (ADR-0019).
+    assert {k: schemes["session"][k] for k in ("type", "in", "name")} == {
+        "type": "apiKey",
+        "in": "cookie",
+        "name": "einsora_session",
     }
+    assert listing["security"] == [{"bearer": []}, {"session": []}]
 
 
 def _calls(route: APIRoute) -> set[object]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 
-from einsora.api.services.timeline import apply_event
+from einsora.api.services.timeline import apply_event, apply_events
 from einsora.api.testing import RunningApi, eventually
 from einsora.common.bus import names, publish
 from einsora.common.schemas import EventKind, Placement, WorkloadEvent, WorkloadState
@@ -127,3 +127,43 @@ async def test_apply_event_is_idempotent_on_both_engines(api_on_store: RunningAp
         await apply_event(store, _event(spoofed, "y", seq=9, state=WorkloadState.failed)) is False
     )
     assert (await api.owner.get(f"/v1/workloads/{workload['id']}")).body["state"] == "running"
+
+
+async def test_a_batch_applies_as_its_events_one_after_another(api_on_store: RunningApi) -> None:
+    """A fetched batch is applied in a few statements, yet ends exactly where applying its
+    events one by one would: each event stored once, each workload at its newest seq."""
+    api = api_on_store
+    store = api.service.store
+    assert store is not None
+    one, two = [
+        (await api.owner.post("/v1/workloads", {"kind": "notebook", "class": "cpu-1c-2g"})).body
+        for _ in range(2)
+    ]
+    placed = Placement(region="local", machine="m-7", placed_class="cpu-1c-2g")
+    scheduled = _event(one, "b-sched", seq=1, state=WorkloadState.scheduled, placement=placed)
+    running = _event(one, "b-run", seq=3, state=WorkloadState.running)
+    late = _event(one, "b-late", seq=2, state=WorkloadState.starting)
+    note = _event(two, "b-note", seq=1, state=WorkloadState.pending, kind=EventKind.note)
+    queued = _event(two, "b-queued", seq=2, state=WorkloadState.queued)
+    stranger = {"id": "w-0000000000000000000b", "tenant_id": one["tenant_id"]}
+    batch = [
+        scheduled,
+        running,
+        scheduled,  # twice in one batch: stored once
+        late,
+        _event(stranger, "b-x", seq=1, state=WorkloadState.running),
+        note,
+        queued,
+    ]
+    applied = await apply_events(store, [(e, None) for e in batch])
+    assert applied == [True, True, False, True, False, True, True]
+    assert await apply_events(store, [(running, None), (queued, None)]) == [False, False]
+
+    first = (await api.owner.get(f"/v1/workloads/{one['id']}")).body
+    assert first["state"] == "running"  # the late seq-2 event did not move it back
+    assert first["placement"]["machine"] == "m-7"  # kept from seq 1: seq 3 placed nothing
+    entries = (await api.owner.get(f"/v1/workloads/{one['id']}/events")).body["items"]
+    assert [e["state"] for e in entries] == ["pending", "scheduled", "running", "starting"]
+    second = (await api.owner.get(f"/v1/workloads/{two['id']}")).body
+    assert second["state"] == "queued"
+    assert second["placement"] is None

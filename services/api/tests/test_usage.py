@@ -1,5 +1,6 @@
 """Usage reports: who sees what (a member their own share, an admin the tenant, the operator every
-tenant), `group_by=user` folded from workloads and keys, CSV that parses and matches the JSON,
+tenant), `group_by=user` folded from workloads and keys, `group_by=endpoint` from workloads and
+serving replicas, CSV that parses and matches the JSON,
 bad parameters refused naming the field, and a 503 that says so when accounting is not there.
 
 The reports come from the real accounting service, fed real workload events and token counts
@@ -337,6 +338,61 @@ async def test_reports_by_workload_class_region_and_day(world: World) -> None:
     assert await _report(world.bob, "day") == {
         DAY1: {**cpu, "cpu_core_hours": 4.0, "prompt_tokens": 10, "completion_tokens": 5},
         DAY2: {**cpu, "cpu_core_hours": 2.0, "prompt_tokens": 1, "completion_tokens": 1},
+    }
+
+
+async def test_a_report_by_endpoint_folds_replicas_into_their_endpoint(
+    api: RunningApi, bus: Bus, accounting: str
+) -> None:
+    """An endpoint's hours and served tokens include its replicas'; a notebook is no endpoint;
+    a member sees the tokens their own keys spent, by the endpoint that served them."""
+    tenant_id, ann = await new_tenant(api, "physics", "ann")
+    bob = await new_member(api, tenant_id, "bob", by=ann)
+    spec = {"runtime": "llamacpp", "model": "/m/x.gguf", "replicas": 2}
+    made = await ann.post(
+        "/v1/workloads", {"kind": "endpoint", "class": "cpu-1c-2g", "name": "chat", "spec": spec}
+    )
+    assert made.status == 201, made.text
+    chat = made.body["id"]
+    listed = (await ann.get("/v1/workloads?kind=endpoint")).body["items"]
+    (replica,) = [w["id"] for w in listed if w["replica_of"] == chat]
+    notebook = await _launch(ann, "cpu-2c-4g")
+    ann_key, bob_key = await _key(ann), await _key(bob)
+
+    scheduler, gateway = SchedulerPlayer(bus.js), GatewayPlayer(bus.js)
+    for workload_id, cpus, start, end in (
+        (chat, 1, _h(0), _h(2)),
+        (replica, 1, _h(0), _h(1)),
+        (notebook, 2, _h(0), _h(3)),
+    ):
+        await scheduler.run_for(
+            workload_id, start, end, tenant_id=tenant_id, metered=held(0, cpus=cpus)
+        )
+    for key_id, served_by, prompt, completion in (
+        (ann_key, chat, 100, 20),
+        (bob_key, replica, 10, 5),
+        (ann_key, "w-long-gone", 1, 1),  # a replica the api no longer knows: still counted
+    ):
+        await gateway.send(
+            gateway.usage(
+                _h(1),
+                tenant_id=tenant_id,
+                key_id=key_id,
+                endpoint=served_by,
+                prompt=prompt,
+                completion=completion,
+            )
+        )
+    await events_done(bus.js)
+    await tokens_done(bus.js)
+    api.service.clock = lambda: NOW
+
+    assert await _report(ann, "endpoint") == {
+        chat: {**ZERO, "cpu_core_hours": 3.0, "prompt_tokens": 110, "completion_tokens": 25},
+        "w-long-gone": {**ZERO, "prompt_tokens": 1, "completion_tokens": 1},
+    }
+    assert await _report(bob, "endpoint") == {
+        chat: {**ZERO, "prompt_tokens": 10, "completion_tokens": 5}
     }
 
 

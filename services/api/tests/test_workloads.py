@@ -153,15 +153,9 @@ async def test_unknown_class_is_a_422_naming_the_field(api: RunningApi) -> None:
     assert (await api.owner.get("/v1/workloads")).body["items"] == []
 
 
-async def test_a_fallback_is_refused_until_it_is_supported(api: RunningApi) -> None:
-    answer = await api.owner.post(
-        "/v1/workloads", {**NOTEBOOK, "fallback": ["cpu-2c-4g"]}, headers={"X-Request-ID": "fb-1"}
-    )
-    assert answer.status == 422
-    assert answer.body["request_id"] == "fb-1"
-    [detail] = answer.body["details"]
-    assert detail["field"] == "fallback"
-    assert "not supported yet" in detail["message"]
-    assert (await api.owner.get("/v1/workloads")).body["items"] == []
-    # An empty list is the same as none.
-    assert (await api.owner.post("/v1/workloads", {**NOTEBOOK, "fallback": []})).status == 201
+async def test_an_empty_fallback_is_the_same_as_none(api: RunningApi) -> None:
+    # The chain's steps are checked in test_fallback.py.
+    answer = await api.owner.post("/v1/workloads", {**NOTEBOOK, "fallback": []})
+    assert answer.status == 201
+    assert answer.body["fallback"] == []
+    assert answer.body["fallback_after_s"] == 0

@@ -97,8 +97,9 @@ class Sim:
         self._subs: list[Any] = []
         self._watchers: list[Any] = []
 
-    async def start(self) -> None:
-        """Follow the bus from the beginning (a restart re-reads everything)."""
+    async def start(self, *, events: bool = True) -> None:
+        """Follow the bus from the beginning (a restart re-reads everything); `events=False`
+        leaves EVENTS alone (a test that deleted it)."""
         self.events.clear()
         self.event_headers.clear()
 
@@ -108,11 +109,15 @@ class Sim:
             self.event_headers[event.event_id] = dict(msg.headers or {})
             self._changed.set()
 
-        self._subs.append(
-            await self.bus.js.subscribe(
-                names.EVENTS_FILTER, stream=names.EVENTS.name, ordered_consumer=True, cb=on_event
+        if events:
+            self._subs.append(
+                await self.bus.js.subscribe(
+                    names.EVENTS_FILTER,
+                    stream=names.EVENTS.name,
+                    ordered_consumer=True,
+                    cb=on_event,
+                )
             )
-        )
         desired = await self.machines.watch("*.desired")
         routes = await self.routes_kv.watchall()
         self._tasks.append(asyncio.create_task(self._pump_desired(desired)))
@@ -247,7 +252,9 @@ class Sim:
         request_id: str | None = None,
         tenant_id: str = TENANT,
         user_id: str | None = None,
+        **fields: Any,
     ) -> str:
+        """`fields`: more of the intent (a `fallback` chain, `fallback_after_s`…)."""
         workload_id = workload_id or new_id("workload")
         await self.intent(
             "create",
@@ -258,6 +265,7 @@ class Sim:
             request_id=request_id,
             tenant_id=tenant_id,
             user_id=user_id,
+            **fields,
         )
         return workload_id
 
@@ -274,6 +282,7 @@ class Sim:
         msg_id: str | None = None,
         tenant_id: str = TENANT,
         user_id: str | None = None,
+        **fields: Any,
     ) -> WorkloadIntent:
         intent = WorkloadIntent.model_validate(
             {
@@ -288,6 +297,7 @@ class Sim:
                 "count": count,
                 "spec": {"image": "jupyter"},
                 "at": at or utcnow(),
+                **fields,
             }
         )
         await publish(

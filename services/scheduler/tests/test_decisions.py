@@ -66,13 +66,17 @@ def _book(*machines: Inventory, owner_tenant: str | None = None, shared: bool = 
 
 
 def _workload(
-    class_name: str, count: int = 1, age_s: float = 0, tenant_id: str = "t-1"
+    class_name: str,
+    count: int = 1,
+    age_s: float = 0,
+    tenant_id: str = "t-1",
+    kind: WorkloadKind = WorkloadKind.notebook,
 ) -> Workload:
     return Workload(
         workload_id=f"w-{class_name}-{count}-{age_s}-{tenant_id}",
         tenant_id=tenant_id,
         region="local",
-        kind=WorkloadKind.notebook,
+        kind=kind,
         class_name=class_name,
         count=count,
         spec={},
@@ -235,7 +239,9 @@ def test_the_trust_matrix_decides_who_runs_where_and_the_note_says_why(
     assert trust_level(machine, "t-alice", None, pool) is Trust.owner
     assert trust_level(machine, "t-guest", None, pool) is level
 
-    guest = _workload("l40s-48gb", tenant_id="t-guest", age_s=10)
+    # A vm where the machine runs VMs, a notebook where it runs processes.
+    kind = WorkloadKind.vm if strong else WorkloadKind.notebook
+    guest = _workload("l40s-48gb", tenant_id="t-guest", age_s=10, kind=kind)
     placed = _admit(book, guest)
     if level is not None and strong:
         assert placed == "m-alice"
@@ -247,9 +253,12 @@ def test_the_trust_matrix_decides_who_runs_where_and_the_note_says_why(
                 "community pool this instance does not run" in guest.reason
             )
         else:
-            assert "m-alice: only weak isolation (process); guests need strong" in guest.reason
+            assert (
+                "m-alice: only weak isolation (process) for a notebook without a container "
+                "image; guests need strong" in guest.reason
+            )
     # The owner runs on it with any driver, and a waiting guest does not hold the owner back.
-    own = _workload("l40s-48gb", tenant_id="t-alice")
+    own = _workload("l40s-48gb", tenant_id="t-alice", kind=kind)
     assert _admit(book, own) == "m-alice"
 
 
@@ -262,7 +271,8 @@ def test_a_guest_goes_to_a_machine_with_strong_isolation() -> None:
     for machine in ("m-host", "m-vm"):
         _shared(book, machine, "t-owner", SharingLevel.invite_only, ("t-guest",))
     # Best fit alone would pick m-host (one free device); trust sends the guest to m-vm.
-    assert _admit(book, _workload("l40s-48gb", tenant_id="t-guest")) == "m-vm"
+    vm = WorkloadKind.vm
+    assert _admit(book, _workload("l40s-48gb", tenant_id="t-guest", kind=vm)) == "m-vm"
     assert _admit(book, _workload("l40s-48gb", tenant_id="t-owner", age_s=1)) == "m-host"
 
 
@@ -275,11 +285,11 @@ def test_an_invited_user_runs_there_and_their_tenant_mates_do_not() -> None:
     assert trust_level(machine, "t-studio", None, False, "u-ada") is Trust.invited
     assert trust_level(machine, "t-studio", None, False, "u-bo") is None
 
-    mate = _workload("l40s-48gb", tenant_id="t-studio", age_s=2)
+    mate = _workload("l40s-48gb", tenant_id="t-studio", age_s=2, kind=WorkloadKind.vm)
     mate.user_id = "u-bo"
     assert _admit(book, mate) is None
     assert "m-vm: not shared with your tenant or you" in mate.reason
-    hers = _workload("l40s-48gb", tenant_id="t-studio", age_s=1)
+    hers = _workload("l40s-48gb", tenant_id="t-studio", age_s=1, kind=WorkloadKind.vm)
     hers.workload_id, hers.user_id = "w-ada", "u-ada"
     assert _admit(book, hers) == "m-vm"
 
@@ -289,7 +299,7 @@ def test_a_gpu_is_never_booked_to_two_tenants_at_once() -> None:
     book.community_pool = True
     _shared(book, "m-vm", "t-owner", SharingLevel.community)
     placed = [
-        _admit(book, _workload("l40s-48gb", tenant_id=t, age_s=i))
+        _admit(book, _workload("l40s-48gb", tenant_id=t, age_s=i, kind=WorkloadKind.vm))
         for i, t in enumerate(["t-a", "t-owner", "t-b", "t-a", "t-owner"])
     ]
     assert placed.count("m-vm") == 2  # two devices, two workloads; the rest wait

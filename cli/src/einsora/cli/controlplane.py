@@ -3,17 +3,20 @@ start on free ports.
 
 Order: NATS first, then the proxy (so the api's access links name its real port), the api
 (which owns the store and creates the owner), the scheduler, accounting, the gateway, and last
-the agent;
-stopping goes
-in reverse, so the agent stops watching before the scheduler goes away. The services still talk only
-over NATS.
+the agent; stopping goes in reverse, so the agent stops watching before the scheduler goes
+away. The services still talk only over NATS.
+
+A service that does not stop within STOP_S is left behind, named with where it waits, and the
+rest still stop: Solo's Ctrl-C and a test's teardown end rather than hang on one of them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import socket
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,9 @@ from einsora.proxy.service import ProxyService
 from einsora.scheduler.service import SchedulerService
 
 log = logging.getLogger("einsora.solo")
+
+STOP_S = 30.0
+"""How long one service may take to stop before it is left behind."""
 
 
 def check_ports(settings: Settings) -> None:
@@ -94,6 +100,8 @@ class ControlPlane:
         self.accounting: AccountingService | None = None
         self.agent: AgentService | None = None
         self._started: list[Service] = []
+        self.stuck: list[str] = []
+        """Services `stop()` left behind, each with where its stop waited."""
 
     def _authorization(self, credentials: Path) -> str:
         """The server's users: the services Solo runs, and the agent with its machines' keys."""
@@ -137,6 +145,11 @@ class ControlPlane:
     @property
     def owner_token_created(self) -> str | None:
         return self.api.owner_token_created if self.api is not None else None
+
+    @property
+    def owner_sign_in_path(self) -> str | None:
+        """The owner's one-time dashboard sign-in link (a path) when this start made the owner."""
+        return self.api.owner_sign_in_path if self.api is not None else None
 
     async def start(self) -> None:
         # Before anything writes there: the store, credentials and tokens are ours alone.
@@ -224,15 +237,42 @@ class ControlPlane:
         return self.agent.running_count() if self.agent is not None else 0
 
     async def stop(self) -> None:
+        """Stop every service, newest first; `stuck` names those left behind (and where)."""
         for service in reversed(self._started):
-            try:
-                await service.stop()
-            except Exception:
-                log.exception("service did not stop cleanly", extra={"service": service.name})
+            stopping = asyncio.ensure_future(service.stop())
+            # Not wait_for: cancelling a stop that swallows its cancel would hang here again.
+            await asyncio.wait({stopping}, timeout=STOP_S)
+            if not stopping.done():
+                where = "".join(traceback.format_list(_awaiting(stopping)))
+                self.stuck.append(f"{service.name}, waiting at:\n{where}")
+                log.error(
+                    "service did not stop in time; leaving it",
+                    extra={"service": service.name, "after_s": STOP_S, "where": where},
+                )
+                stopping.cancel()
+                continue
+            if not stopping.cancelled() and stopping.exception() is not None:
+                log.error(
+                    "service did not stop cleanly",
+                    extra={"service": service.name},
+                    exc_info=stopping.exception(),
+                )
         self._started.clear()
         if self.nats is not None:
             with contextlib.suppress(Exception):
                 self.nats.stop()
+
+
+def _awaiting(task: asyncio.Future[None]) -> traceback.StackSummary:
+    """Where a task's coroutine chain waits, outermost first."""
+    frames: list[tuple[Any, int]] = []
+    coro: Any = task.get_coro() if isinstance(task, asyncio.Task) else None
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            frames.append((frame, frame.f_lineno))
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return traceback.StackSummary.extract(iter(frames))
 
 
 __all__: Sequence[str] = ("ControlPlane", "check_ports")

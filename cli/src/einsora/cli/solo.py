@@ -70,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
         settings = settings_from(flags)
         fmt = logs.configure_from(settings, args.log_level, args.log_format)
         check_ports(settings)
+        from einsora.common import telemetry
+
+        telemetry.configure("einsora")
     except EinsoraError as exc:
         print(f"einsora solo: {exc.message}", file=sys.stderr)
         return 1
@@ -128,17 +131,44 @@ async def _serve(settings: Settings, *, quiet_start: bool = False) -> int:
     return 0
 
 
+def dashboard_lines(
+    url: str, *, built: bool, link_path: str | None, on_terminal: bool
+) -> list[str]:
+    """What the greeting says of the dashboard: where it is and how to sign in (the first
+    start's one-time link, on a terminal only: it is a credential), or how to build it."""
+    if not built:
+        return [
+            "  The web dashboard is not built: `make dashboard` builds it (it needs Node.js 20",
+            "  or later), then reload the page. Until then the CLI does everything.",
+        ]
+    if link_path is not None and on_terminal:
+        return [
+            f"  Dashboard: {url}/ - sign in with this one-time link (valid for an hour):",
+            f"    {url}{link_path}",
+        ]
+    return [
+        f"  Dashboard: {url}/ - sign in with a one-time link from `einsora dashboard`.",
+    ]
+
+
 def _greet(plane: ControlPlane, settings: Settings) -> None:
+    from einsora.api.dashboard import DashboardFiles
     from einsora.common.sites import SiteConfig
 
     url = f"http://127.0.0.1:{plane.api_port}"
     token_file = settings.data_dir / "owner.token"
     # Named as the api names them in access links and the proxy serves them: one SiteConfig.
     sites = SiteConfig.from_settings(plane.settings)
+    built = DashboardFiles.from_settings(plane.settings).built
     lines = [
         f"Einsora Solo is running: {url}",
-        f"  API {url}/v1 (OpenAPI at {url}/openapi.json); the web dashboard is not built yet,",
-        "  so use the CLI for now.",
+        *dashboard_lines(
+            url,
+            built=built,
+            link_path=plane.owner_sign_in_path,
+            on_terminal=sys.stdout.isatty(),
+        ),
+        f"  API {url}/v1 (OpenAPI at {url}/openapi.json).",
         f"  Workloads answer at their own sites, {sites.origin_of('w-<id>')}",
         "  (EINSORA_PROXY_DOMAIN, EINSORA_PROXY_TLS), opened with `einsora open ID`.",
         f"  Model endpoints answer OpenAI's API at http://127.0.0.1:{plane.settings.gateway_port}"

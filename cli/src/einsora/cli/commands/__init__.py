@@ -1,5 +1,6 @@
 """The API client commands of `einsora`: launch, ls, show, events, park, resume, rm, open,
-export, tokens, keys, endpoints, classes, machines, usage, quota, activity, login.
+ssh, export, tokens, keys, endpoints, classes, regions, machines, usage, quota, activity,
+dashboard, login.
 
 Exit codes: 0 success, 1 the API refused (its message and request ID are printed), 2 a usage
 error, 3 the API cannot be reached (the URL tried is printed), 141 the output's reader went away
@@ -16,9 +17,11 @@ from einsora.cli.client import ApiClient, ApiRefused, ApiUnreachable
 from einsora.cli.commands import (
     activity,
     catalog,
+    dashboard,
     endpoints,
     keys,
     machines,
+    ssh,
     tokens,
     usage,
     workloads,
@@ -63,7 +66,19 @@ def run_action(action: Action) -> Callable[[argparse.Namespace], int]:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parent = common_options()
-    for module in (workloads, tokens, keys, endpoints, usage, activity, machines, catalog):
+    modules = (
+        workloads,
+        ssh,
+        tokens,
+        keys,
+        endpoints,
+        usage,
+        activity,
+        machines,
+        catalog,
+        dashboard,
+    )
+    for module in modules:
         for name, help_text, configure, action in module.COMMANDS:
             parser = subparsers.add_parser(name, help=help_text, parents=[parent])
             configure(parser)

@@ -1,4 +1,4 @@
-"""`einsora classes`, `login`: what there is, and who I am."""
+"""`einsora classes`, `regions`, `login`: what there is, where, and who I am."""
 
 from __future__ import annotations
 
@@ -24,6 +24,26 @@ def _classes(client: ApiClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def _regions(client: ApiClient, args: argparse.Namespace) -> int:
+    items = client.paginate("/v1/regions")
+    if args.json:
+        render.as_json(items)
+        return 0
+    rows = [
+        (
+            r["name"],
+            (r.get("scheduler") or {}).get("state"),
+            r.get("machines"),
+            " ".join(f"{c}:{n}" for c, n in sorted((r.get("free") or {}).items())) or "-",
+            r.get("queued"),
+            (r.get("scheduler") or {}).get("reason") or "",
+        )
+        for r in items
+    ]
+    render.table(rows, ["region", "scheduler", "machines", "free", "queued", "why"])
+    return 0
+
+
 def _login(client: ApiClient, args: argparse.Namespace) -> int:
     token = os.environ.get("EINSORA_TOKEN") or getpass.getpass("API token (tsk_…): ").strip()
     checked = ApiClient(client.base_url, token)
@@ -44,5 +64,11 @@ def _none(_: argparse.ArgumentParser) -> None:
 
 COMMANDS = [
     ("classes", "list the GPU and CPU classes on offer", _none, _classes),
+    (
+        "regions",
+        "list the regions, each with its scheduler's liveness and free capacity",
+        _none,
+        _regions,
+    ),
     ("login", "check an API token and save it for later commands", _none, _login),
 ]

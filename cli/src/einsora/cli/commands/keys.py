@@ -89,11 +89,13 @@ def _list(client: ApiClient, args: argparse.Namespace) -> int:
             k.get("tpm"),
             k.get("expires_at"),
             render.ago(k.get("created_at")),
+            render.ago(k.get("last_used_at")),
             k.get("user_id"),
         )
         for k in items
     ]
-    render.table(rows, ["id", "name", "models", "rpm", "tpm", "expires", "created", "user"])
+    columns = ["id", "name", "models", "rpm", "tpm", "expires", "created", "last used", "user"]
+    render.table(rows, columns)
     return 0
 
 

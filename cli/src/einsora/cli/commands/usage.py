@@ -18,7 +18,7 @@ from einsora.cli.client import ApiClient
 from einsora.cli.commands.options import common_options
 from einsora.common.ids import is_id
 
-GROUPS = ("tenant", "user", "class", "workload", "region", "day")
+GROUPS = ("tenant", "user", "class", "workload", "endpoint", "region", "day")
 NONE = "none"
 """What clears a part of a quota on the command line (`--max-gpus-total none`)."""
 

@@ -36,8 +36,37 @@ def _launch_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count", type=int)
     parser.add_argument("--spec", help="JSON object with the workload's spec")
     parser.add_argument(
+        "--fallback",
+        action="append",
+        metavar="KIND:VALUE",
+        help="a substitute tried, in the order given, when what it asks for has no room: "
+        "class:a100-80gb, class:cpu-8c-32g, machine:m-…, region:office, and for endpoints "
+        "model:<another endpoint> and replicas:N (repeat the flag for a chain)",
+    )
+    parser.add_argument(
+        "--fallback-after",
+        type=float,
+        metavar="SECONDS",
+        help="how long it waits queued at one step before the next is tried (default 0)",
+    )
+    parser.add_argument(
         "--wait", action="store_true", help="follow the workload until it runs (exit 0) or fails"
     )
+
+
+FALLBACK_KINDS = ("class", "machine", "region", "model", "replicas")
+
+
+def fallback_step(text: str) -> dict[str, Any]:
+    """`class:a100-80gb` → `{"class": "a100-80gb"}`; ValueError saying what is wrong."""
+    kind, sep, value = text.partition(":")
+    if not sep or kind not in FALLBACK_KINDS or not value:
+        raise ValueError(f"{text!r} is not KIND:VALUE with KIND one of {', '.join(FALLBACK_KINDS)}")
+    if kind == "replicas":
+        if not value.isdigit():
+            raise ValueError(f"{text!r}: replicas takes a whole number")
+        return {kind: int(value)}
+    return {kind: value}
 
 
 def _launch(client: ApiClient, args: argparse.Namespace) -> int:
@@ -45,6 +74,14 @@ def _launch(client: ApiClient, args: argparse.Namespace) -> int:
     for key in ("name", "region", "count"):
         if getattr(args, key) is not None:
             body[key] = getattr(args, key)
+    try:
+        if args.fallback:
+            body["fallback"] = [fallback_step(step) for step in args.fallback]
+    except ValueError as exc:
+        print(f"einsora: --fallback {exc}", file=sys.stderr)
+        return 2
+    if args.fallback_after is not None:
+        body["fallback_after_s"] = args.fallback_after
     if args.spec:
         try:
             body["spec"] = json.loads(args.spec)
@@ -149,12 +186,33 @@ def _print_workload(workload: Any, as_json: bool) -> None:
         ("kind", workload["kind"]),
         ("class", workload["class"]),
         ("region", workload.get("region")),
+        ("fallback", _chain(workload)),
         ("state", workload["state"]),
+        ("placed", _placed(placement)),
         ("machine", placement.get("machine")),
         ("host", (placement.get("host") or {}).get("note")),
         ("created", workload.get("created_at")),
     ):
         print(f"{label:8} {render.escape(value) if value is not None else '-'}")
+
+
+def _chain(workload: Any) -> str | None:
+    """`a100-80gb → region office (after 60 s each)`, or None without a chain."""
+    steps = workload.get("fallback") or []
+    if not steps:
+        return None
+    said = " → ".join(
+        ", ".join(f"{k} {v}" if k != "class" else str(v) for k, v in step.items()) for step in steps
+    )
+    after = workload.get("fallback_after_s") or 0
+    return f"{said} (after {after:g} s each)" if after else said
+
+
+def _placed(placement: Any) -> str | None:
+    """Where it runs, as what: `a100-80gb in office`."""
+    if not placement:
+        return None
+    return f"{placement.get('placed_class')} in {placement.get('region')}"
 
 
 def _show(client: ApiClient, args: argparse.Namespace) -> int:

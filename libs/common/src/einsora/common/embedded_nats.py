@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from einsora.common.errors import ConfigError, EinsoraError, PortInUse
@@ -82,6 +83,16 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+@dataclass(frozen=True)
+class ClusterRoutes:
+    """A node's cluster settings: the cluster's name, this node's route port, and the route
+    ports of every node (its own included: the server skips itself)."""
+
+    name: str
+    port: int
+    routes: tuple[int, ...]
+
+
 class EmbeddedNats:
     """One nats-server process with JetStream under `data_dir`.
 
@@ -101,8 +112,15 @@ class EmbeddedNats:
         authorization: str | None = None,
         app_account: str | None = None,
         tls: tuple[Path, Path] | None = None,
+        server_name: str = "einsora",
+        cluster: ClusterRoutes | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        self.server_name = server_name
+        """Unique in a cluster: JetStream's replicas are placed by it."""
+        self.cluster = cluster
+        """This node's place in a cluster of servers (Lab's 3 nodes, the cluster tests); None:
+        a server of its own."""
         self.authorization = authorization
         """The auth section: `identities.authorization_conf` (static users) or
         `accounts.server_auth_conf` (the accounts layout, with the callout); None: no auth."""
@@ -135,6 +153,11 @@ class EmbeddedNats:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        """The nats-server's process id while it runs (benchmarks read its CPU time)."""
+        return self._process.pid if self.running and self._process is not None else None
+
     def _write_config(self) -> None:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         store = self.data_dir / "jetstream"
@@ -153,7 +176,7 @@ class EmbeddedNats:
             tls = f"tls {{\n  cert_file: {cert}\n  key_file: {key}\n  timeout: 2\n}}\n"
         return f"""# Written by Einsora at every start; edits are overwritten.
 listen: "{self.host}:{port}"
-server_name: "einsora"
+server_name: "{self.server_name}"
 log_file: "{self.log_file}"
 logtime: true
 max_payload: 1MB
@@ -165,7 +188,16 @@ jetstream {{
   max_memory_store: {self._max_memory_store}
   max_file_store: {self._max_file_store}
 }}
-{tls}""" + (self.authorization or "")
+{tls}{self._cluster_text()}""" + (self.authorization or "")
+
+    def _cluster_text(self) -> str:
+        if self.cluster is None:
+            return ""
+        routes = ", ".join(f'"nats-route://{self.host}:{p}"' for p in self.cluster.routes)
+        return (
+            f'cluster {{\n  name: "{self.cluster.name}"\n'
+            f'  listen: "{self.host}:{self.cluster.port}"\n  routes: [{routes}]\n}}\n'
+        )
 
     def _move_global_store(self) -> None:
         """Once: the global account's streams become the app account's (the accounts layout).

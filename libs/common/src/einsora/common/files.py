@@ -28,3 +28,13 @@ def make_private(data_dir: Path) -> None:
             wanted = 0o700 if stat.S_ISDIR(info.st_mode) else 0o600
             if stat.S_IMODE(info.st_mode) & ~wanted:
                 os.chmod(path, stat.S_IMODE(info.st_mode) & wanted)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `path` (0600, its directory 0700) whole: written aside, then renamed over it."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(partial, path)

@@ -3,7 +3,9 @@
 The rating is the control plane's, never the agent's (DESIGN.md, "Agents and drivers"): an
 agent only says which drivers it has. Weak isolation (a process on the host's kernel) is for
 the machine owner's own workloads; everyone else needs a strong one (a VM). `sim` runs
-nothing, so it exposes nothing and counts as strong.
+nothing, so it exposes nothing and counts as strong. A machine whose Docker engine has a Kata
+runtime reports the `docker-kata` driver too: the agent says which runtimes it found, the rating
+of each driver is this table's.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ DRIVER_ISOLATION: dict[str, Isolation] = {
     "sim": Isolation.strong,
     "process": Isolation.weak,
     "docker": Isolation.weak,
+    # the docker driver with the machine's Kata runtime: each container in its own VM
+    "docker-kata": Isolation.strong,
     "libvirt": Isolation.strong,
     "macos-vz": Isolation.strong,
 }

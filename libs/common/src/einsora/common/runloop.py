@@ -42,3 +42,16 @@ def settle() -> None:
     filled at start), so no later collection walks it again."""
     gc.collect()
     gc.freeze()
+
+
+def raise_if_cancelled() -> None:
+    """Raise CancelledError when this task was asked to stop and the request was swallowed.
+
+    nats-py turns a cancelled request or publish into its own TimeoutError, and Python 3.11's
+    `wait_for` drops a cancel that races its result; the task is then left `cancelling()` with
+    nothing pending, and a loop that catches the timeout and goes on would run for ever under its
+    service's `stop()` (a scheduler's teardown hung so, renewing its lease). Every turn of a
+    background loop that talks to the bus calls this first."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -148,11 +148,45 @@ class Settings(BaseSettings):
         default=None,
         ge=0,
         le=65535,
-        description="Serve the api's Prometheus /metrics on this port of api_metrics_host (never "
+        description="Serve the api's Prometheus /metrics on this port of metrics_host (never "
         "on the API port); unset: not served; 0: any free port",
     )
-    api_metrics_host: str = Field(
-        default="127.0.0.1", description="Where /metrics listens: loopback unless set"
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="Where every service's /metrics listens: loopback unless set (0.0.0.0 in a "
+        "container, where the scraper is another container)",
+    )
+    scheduler_metrics_port: int | None = Field(
+        default=None, ge=0, le=65535, description="The scheduler's /metrics port; unset: none"
+    )
+    gateway_metrics_port: int | None = Field(
+        default=None, ge=0, le=65535, description="The gateway's /metrics port; unset: none"
+    )
+    proxy_metrics_port: int | None = Field(
+        default=None, ge=0, le=65535, description="The proxy's /metrics port; unset: none"
+    )
+    agent_metrics_port: int | None = Field(
+        default=None, ge=0, le=65535, description="The agent's /metrics port; unset: none"
+    )
+    nats_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=5,
+        description="Replicas of every stream and bucket: 1 for one server (Solo), 3 for a "
+        "3-node cluster (Lab, Datacenter); every service of a cell must use the same",
+    )
+    scheduler_tokens_key: Path | None = Field(
+        default=None,
+        description="The file of the key workloads' own tokens are derived from (0600); every "
+        "scheduler of a region (leader and standby) must read the same one, or a takeover "
+        "changes every running workload's token. Unset: <data_dir>/workload-tokens.key",
+    )
+    scheduler_lease_s: float = Field(
+        default=3.0,
+        gt=0,
+        le=60,
+        description="How long a scheduler's leader lease lasts without a heartbeat: a standby "
+        "takes over this long after the leader's last one (ADR-0021)",
     )
     api_stream_heartbeat_s: float = Field(
         default=15.0,
@@ -166,6 +200,30 @@ class Settings(BaseSettings):
         ge=1,
         le=1000,
         description="Event streams one API token may hold open on one api replica (429 past it)",
+    )
+
+    # the dashboard (ADR-0019)
+    dashboard_dir: Path | None = Field(
+        default=None,
+        description="The built dashboard (Vite's output, with index.html); unset: the "
+        "workspace's dashboard/dist when it has been built (`make dashboard`)",
+    )
+    session_idle_hours: float = Field(
+        default=12.0,
+        gt=0,
+        le=24 * 90,
+        description="A dashboard session ends after this many hours unused",
+    )
+    session_max_days: float = Field(
+        default=7.0,
+        gt=0,
+        le=365,
+        description="A dashboard session ends this many days after sign-in, used or not",
+    )
+    gateway_public_url: str | None = Field(
+        default=None,
+        description="The inference gateway's OpenAI base URL as clients reach it (the "
+        "dashboard's code snippets name it); unset: http://<dashboard host>:<gateway_port>/v1",
     )
 
     activity_retention_days: int = Field(
@@ -187,7 +245,7 @@ class Settings(BaseSettings):
         default=None,
         ge=0,
         le=65535,
-        description="Serve accounting's Prometheus /metrics on this port of api_metrics_host; "
+        description="Serve accounting's Prometheus /metrics on this port of metrics_host; "
         "unset: not served; 0: any free port",
     )
 

@@ -30,6 +30,8 @@ class TunnelClients:
 
     def __init__(self, tunnel_dir: Path, timeout: aiohttp.ClientTimeout, sweep_s: float = 60):
         self._dir = tunnel_dir
+        self.directory = tunnel_dir
+        """Where the hub serves its sockets (for a raw stream to a port: `socket_path`)."""
         self._timeout = timeout
         self._sweep_s = sweep_s
         self._swept = time.monotonic()

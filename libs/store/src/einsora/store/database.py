@@ -29,10 +29,12 @@ from einsora.store.engine import create_engine, is_sqlite, on_sqlite_connect
 from einsora.store.migrations import upgrade
 from einsora.store.units import (
     Outcome,
+    RunApart,
     SqliteReaders,
     SqliteWriterThread,
     Unit,
     UnitWriter,
+    run_together,
     run_units,
     sync_sqlite_engine,
 )
@@ -86,7 +88,12 @@ class Database:
 
     async def migrate(self, migrations: Path, *, version_table: str) -> None:
         """Bring the tables to the latest migration (a second run changes nothing)."""
-        await upgrade(self.engine, migrations, version_table=version_table)
+        # On SQLite the migration's transaction begins IMMEDIATE, as every write does: a plain
+        # BEGIN reads first and then asks to write, and two processes migrating one file at
+        # once (two schedulers of a cell, a standby beside its leader) then fail with
+        # "database is locked" at once instead of waiting their turn (busy_timeout).
+        engine = self.engine.execution_options(**{_WRITE: True}) if self.sqlite else self.engine
+        await upgrade(engine, migrations, version_table=version_table)
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
@@ -114,6 +121,11 @@ class Database:
     async def _commit_units(self, units: list[Unit[Any]]) -> list[Outcome]:
         if self._thread is not None:
             return await self._thread.commit(units)
+        try:
+            async with self.write() as conn:
+                return await conn.run_sync(run_together, units)
+        except RunApart:
+            pass
         async with self.write() as conn:
             return await conn.run_sync(run_units, units)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +26,41 @@ def is_postgres(url: str | URL) -> bool:
     return make_url(url).get_backend_name() == "postgresql"
 
 
+_BUSY_TIMEOUT_S = 5.0
+
+
 def on_sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
     cursor = dbapi_conn.cursor()
-    # WAL lets readers proceed while one writer commits; NORMAL is durable in WAL mode up to
-    # the last checkpointed transaction and much faster than FULL.
-    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute(f"PRAGMA busy_timeout={int(_BUSY_TIMEOUT_S * 1000)}")
+    _write_ahead_log(cursor)
+    # NORMAL is durable in WAL mode up to the last checkpointed transaction and much faster
+    # than FULL.
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.execute("PRAGMA busy_timeout=5000")
     cursor.close()
+
+
+def _write_ahead_log(cursor: Any) -> None:
+    """Put the file in WAL mode (readers proceed while one writer commits), waiting for it.
+
+    Switching a new file to WAL needs it to itself, and SQLite answers "database is locked" at
+    once, without its busy handler, when another process is opening or migrating the same new
+    file (two schedulers of a cell starting together). The mode is kept in the file, so this
+    waits only on a file's first opening; the short blocking sleeps happen then alone.
+    """
+    deadline = time.monotonic() + _BUSY_TIMEOUT_S
+    pause = 0.005
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except Exception as error:  # the driver's OperationalError, through the async adapter
+            if "locked" not in str(error) and "busy" not in str(error):
+                raise
+            if time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
 
 
 def _private_sqlite_file(path: Path) -> None:

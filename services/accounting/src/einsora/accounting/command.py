@@ -68,5 +68,8 @@ def run(args: argparse.Namespace) -> int:
         }
     )
     logs.configure_from(settings, args.log_level, args.log_format)
+    from einsora.common import telemetry
+
+    telemetry.configure("einsora-accounting")
     service = AccountingService(settings, batch=args.batch, ack_wait_s=args.ack_wait)
     return runloop.run(serve_until_signalled(service))

@@ -7,29 +7,22 @@
 - `einsora_events_metered_total`: workload events that opened or closed an allocation;
 - the durable consumers' redeliveries and terminations (einsora.common.bus.consumer).
 
-`/metrics` listens on loopback by default (`api_metrics_host`), never on a public port.
+`/metrics` is served by `einsora.common.metrics`, on loopback by default, never on a public port.
 """
 
 from __future__ import annotations
 
-import errno
-import logging
-import threading
-from wsgiref.simple_server import WSGIServer
-
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
+from prometheus_client import Counter, Gauge
 
 from einsora.accounting.model import Applied
-from einsora.common.errors import PortInUse
-
-log = logging.getLogger("einsora.accounting.metrics")
+from einsora.common import metrics
 
 
 class AccountingMetrics:
     """Accounting's gauges and counters."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = metrics.new_registry()
         self.allocations_open = Gauge(
             "einsora_allocations_open", "Allocations open now", registry=self.registry
         )
@@ -53,39 +46,4 @@ class AccountingMetrics:
             self.gpu_seconds.labels(tenant, klass).inc(seconds)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
-
-
-class MetricsServer:
-    """`/metrics` over HTTP, on a thread of its own (prometheus-client's server)."""
-
-    def __init__(self, metrics: AccountingMetrics) -> None:
-        self._metrics = metrics
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
-        self.port: int | None = None
-        """The port it listens on once started (the chosen one when asked for port 0)."""
-
-    def start(self, host: str, port: int) -> None:
-        try:
-            self._server, self._thread = start_http_server(
-                port, addr=host, registry=self._metrics.registry
-            )
-        except OSError as exc:
-            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-                raise PortInUse(
-                    f"cannot serve accounting metrics on {host}:{port}: the port is taken; "
-                    "choose another with EINSORA_ACCOUNTING_METRICS_PORT"
-                ) from exc
-            raise
-        self.port = int(self._server.server_port)
-        log.info("accounting metrics listening", extra={"url": f"http://{host}:{self.port}"})
-
-    def stop(self) -> None:
-        server, self._server = self._server, None
-        thread, self._thread = self._thread, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if thread is not None:
-            thread.join(5)
+        return metrics.render(self.registry)

@@ -20,6 +20,7 @@ from nats.js.kv import KeyValue
 
 from einsora.accounting.store import AccountingStore
 from einsora.common.bus import names
+from einsora.common.runloop import raise_if_cancelled
 
 log = logging.getLogger("einsora.accounting.publisher")
 
@@ -75,6 +76,7 @@ class UsagePublisher:
         loop = asyncio.get_running_loop()
         next_full = loop.time()  # every recent tenant once at start
         while True:
+            raise_if_cancelled()
             wait = next_full - loop.time()
             if wait > 0 and not self._dirty:
                 with contextlib.suppress(TimeoutError):

@@ -6,9 +6,11 @@
 - Groups: `tenant` and `day` (UTC date, allocations split at midnight) sum both; `workload`,
   `class` (the placed class) and `region` sum allocations only (a token is not spent on a class
   or a region, and the endpoint that served it belongs to whoever launched it, not to who sent
-  it); `key` sums tokens only. So the api folds a user's report from their workloads' rows and
-  their keys' rows without counting anything twice. `key_source` sums tokens by key and count
-  source, labelled `<key_id>/<source>` (the workload export's tokens).
+  it); `key` sums tokens only, and `endpoint` tokens only, by the replica that served them.
+  So the api folds a user's report from their workloads' rows and their keys' rows, and an
+  endpoint's from its replicas' workload rows and served rows, without counting anything
+  twice. `key_source` sums tokens by key and count source, labelled `<key_id>/<source>` (the
+  workload export's tokens).
 - Filters: `tenant_ids` (both), `workload_ids` (allocations), `key_ids` and `endpoint_ids`
   (tokens: the key that sent them, the replica that served them); an empty list matches
   nothing, None everything.
@@ -49,7 +51,7 @@ MAX_RANGE = timedelta(days=3660)
 
 _G = ReportGroup
 _ALLOCATIONS = frozenset({_G.tenant, _G.workload, _G.klass, _G.region, _G.day})
-_TOKENS = frozenset({_G.tenant, _G.key, _G.key_source, _G.day})
+_TOKENS = frozenset({_G.tenant, _G.key, _G.key_source, _G.endpoint, _G.day})
 _FROM_DAY_SUMS = frozenset({_G.tenant, _G.klass, _G.region, _G.day})
 """Groups the day sums can answer (they have no workload column)."""
 
@@ -209,6 +211,7 @@ def _group_column(columns: Any, group_by: ReportGroup) -> ColumnElement[Any]:
         ReportGroup.klass: "placed_class",
         ReportGroup.region: "region",
         ReportGroup.key: "key_id",
+        ReportGroup.endpoint: "endpoint",
         ReportGroup.day: "day",
     }[group_by]
     column: ColumnElement[Any] = columns[name]

@@ -28,13 +28,14 @@ from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
 from einsora.accounting.intake import event_of, token_usage_of
-from einsora.accounting.metrics import AccountingMetrics, MetricsServer
+from einsora.accounting.metrics import AccountingMetrics
 from einsora.accounting.publisher import DEBOUNCE_S, PERIOD_S, UsagePublisher
 from einsora.accounting.reports import fitted
 from einsora.accounting.store import AccountingStore
 from einsora.common.bus import (
     DurableConsumer,
     bind_bucket,
+    close_quietly,
     connect_as,
     identities,
     names,
@@ -42,6 +43,7 @@ from einsora.common.bus import (
     tls_trusting,
 )
 from einsora.common.errors import ConfigError, EinsoraError
+from einsora.common.metrics import MetricsServer, serve
 from einsora.common.schemas import (
     EventKind,
     UsageReportReply,
@@ -130,7 +132,7 @@ class AccountingService:
             tls=tls_trusting(self.settings.nats_tls_cert),
         )
         js = self._nc.jetstream()
-        await provision(js, only=(names.USAGE_KV.stream,))
+        await provision(js, replicas=self.settings.nats_replicas, only=(names.USAGE_KV.stream,))
         self._store = AccountingStore(self.settings.effective_database_url)
         await self._store.migrate()
         await self._store.forget_old_events()
@@ -141,10 +143,13 @@ class AccountingService:
                 extra={"tenants": rebuilt, "half_life_h": self.half_life_h},
             )
         self.metrics.allocations_open.set(await self._store.count_open())
-        port = self.settings.accounting_metrics_port
-        if port is not None:
-            self._metrics_server = MetricsServer(self.metrics)
-            self._metrics_server.start(self.settings.api_metrics_host, port)
+        self._metrics_server = serve(
+            self.metrics.registry,
+            host=self.settings.metrics_host,
+            port=self.settings.accounting_metrics_port,
+            service="accounting",
+            setting="EINSORA_ACCOUNTING_METRICS_PORT",
+        )
         self._publisher = UsagePublisher(
             self._store,
             bind_bucket(js, names.USAGE_KV),
@@ -237,8 +242,7 @@ class AccountingService:
         if store is not None:
             await store.close()
         nc, self._nc = self._nc, None
-        if nc is not None and not nc.is_closed:
-            await nc.close()
+        await close_quietly(nc)
 
     # --- workload events --------------------------------------------------------------------
 

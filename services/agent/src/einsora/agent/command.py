@@ -92,6 +92,35 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="create the bus's streams and buckets if missing (needs full rights)",
     )
+    engines = parser.add_argument_group("engines (VMs and containers)")
+    engines.add_argument(
+        "--libvirt-uri",
+        default="qemu:///system",
+        metavar="URI",
+        help="libvirt to run VMs with (default qemu:///system)",
+    )
+    engines.add_argument("--no-libvirt", action="store_true", help="run no VMs")
+    engines.add_argument(
+        "--docker-host",
+        metavar="URL",
+        help="Docker Engine to run containers with (default: $DOCKER_HOST, else its socket)",
+    )
+    engines.add_argument("--no-docker", action="store_true", help="run no containers")
+    engines.add_argument(
+        "--vm-dir",
+        type=Path,
+        default=Path("/var/lib/einsora-vms"),
+        metavar="DIR",
+        help="where VMs' disks and imported images live (default /var/lib/einsora-vms)",
+    )
+    engines.add_argument(
+        "--vm-images",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a directory VM images (and kernels) may be named from (repeatable)",
+    )
     logs.add_arguments(parser)
     parser.set_defaults(func=run)
     commands = parser.add_subparsers(dest="agent_command", metavar="COMMAND")
@@ -212,6 +241,7 @@ def run_join(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from einsora.agent.engines import EngineOptions
     from einsora.agent.join import load_enrolment
     from einsora.agent.service import AgentService
     from einsora.common import runloop
@@ -221,6 +251,9 @@ def run(args: argparse.Namespace) -> int:
         {"nats_url": args.nats, "region": args.region, "data_dir": args.data_dir}
     )
     logs.configure_from(settings, args.log_level, args.log_format)
+    from einsora.common import telemetry
+
+    telemetry.configure("einsora-agent")
     driver: DriverName = args.driver or (
         "sim" if args.sim_inventory is not None or args.sim_machines != 1 else "process"
     )
@@ -245,6 +278,14 @@ def run(args: argparse.Namespace) -> int:
         sim_fail_rate=args.sim_fail_rate,
         provision_bus=args.provision,
         enrolment=enrolment,
+        engines=EngineOptions(
+            libvirt=not args.no_libvirt,
+            libvirt_uri=args.libvirt_uri,
+            docker=not args.no_docker,
+            docker_host=args.docker_host,
+            vm_dir=args.vm_dir,
+            vm_images=tuple(args.vm_images),
+        ),
     )
     return runloop.run(_serve(service))
 

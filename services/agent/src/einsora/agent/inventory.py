@@ -1,6 +1,7 @@
 """What this machine has: OS, architecture, CPUs, memory, GPUs, and the drivers the agent runs.
 
-GPUs come from NVML where present; on a Mac with Apple Silicon, the chip and its unified memory
+GPUs come from NVML where present, each with its PCI address, IOMMU group and whether a VM can
+be given it (`hostvirt`); on a Mac with Apple Silicon, the chip and its unified memory
 come from `sysctl` and are reported as one GPU of model `Apple Silicon` (the catalog's
 `apple-silicon-<n>gb` classes match it). The endpoint runtimes it can serve come from
 `runtimes.available`. The inventory reports; it never decides the machine's owner, region or
@@ -14,12 +15,14 @@ import platform
 import socket
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 import psutil
 
+from einsora.agent import hostvirt
 from einsora.agent.nvml import nvidia_gpus
 from einsora.agent.runtimes.available import available_runtimes
-from einsora.common.schemas import Gpu, Inventory
+from einsora.common.schemas import DriverReport, Gpu, Inventory
 
 log = logging.getLogger("einsora.agent")
 
@@ -58,9 +61,38 @@ def apple_silicon() -> tuple[str, int] | None:
     return chip, memory
 
 
-def collect(machine_id: str, region: str, drivers: list[str]) -> Inventory:
-    """This machine's inventory now (blocking: NVML and sysctl may take a moment)."""
-    gpus = nvidia_gpus()
+def with_passthrough(gpus: list[Gpu], sysfs: Path = Path("/sys")) -> list[Gpu]:
+    """Each GPU with its IOMMU group and whether VFIO can pass it through to a VM."""
+    checked = []
+    for gpu in gpus:
+        if gpu.pci_address is None or gpu.mig:
+            checked.append(gpu)
+            continue
+        found = hostvirt.passthrough(gpu.pci_address, sysfs)
+        checked.append(
+            gpu.model_copy(
+                update={
+                    "iommu_group": found.iommu_group,
+                    "passthrough": found.possible,
+                    "passthrough_note": found.note,
+                }
+            )
+        )
+    return checked
+
+
+def collect(
+    machine_id: str,
+    region: str,
+    drivers: list[str],
+    engines: list[DriverReport] | None = None,
+    sysfs: Path = Path("/sys"),
+) -> Inventory:
+    """This machine's inventory now (blocking: NVML and sysctl may take a moment). `drivers`
+    are the agent's own; each available engine's driver (`engines`) is listed after them."""
+    engines = engines or []
+    drivers = [*drivers, *(e.name for e in engines if e.available and e.name not in drivers)]
+    gpus = with_passthrough(nvidia_gpus(), sysfs)
     runtimes = available_runtimes(drivers, nvidia=len(gpus))
     apple = apple_silicon()
     if apple is not None:
@@ -84,6 +116,7 @@ def collect(machine_id: str, region: str, drivers: list[str]) -> Inventory:
         apple_chip=None if apple is None else apple[0],
         unified_memory_mib=None if apple is None else apple[1],
         drivers=drivers,
+        engines=engines,
         runtimes=runtimes,
         agent_version=agent_version(),
     )

@@ -26,11 +26,15 @@ from nats.js.errors import KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
-from einsora.agent.converge import GOAL_OF_TARGET, Goal, plan
-from einsora.agent.drivers import Driver
+from einsora.agent import observability
+from einsora.agent.converge import GOAL_OF_TARGET, Goal, plan, valid_workload_id
+from einsora.agent.drivers.base import Adoption, Discovers
+from einsora.agent.drivers.registry import DriverSet
+from einsora.agent.observability import AgentMetrics
 from einsora.agent.reclaim import LocalReclaim, is_guest
 from einsora.agent.records import RecordStore
 from einsora.agent.supervisor import Timing, WorkloadSupervisor
+from einsora.common import telemetry
 from einsora.common.bus import names, watch_key
 from einsora.common.schemas import (
     DesiredState,
@@ -54,13 +58,14 @@ class MachineAgent:
         *,
         js: JetStreamContext,
         kv: KeyValue,
-        driver: Driver,
+        drivers: DriverSet,
         inventory: Inventory,
         workloads_dir: Path | None,
         records: RecordStore | None,
         timing: Timing,
         on_change: Callable[[MachineAgent], None],
         owner_tenant_id: str | None = None,
+        metrics: AgentMetrics | None = None,
     ) -> None:
         self.machine_id = machine_id
         self.owner_tenant_id = owner_tenant_id
@@ -71,7 +76,7 @@ class MachineAgent:
         """Its inventory changed (a local reclaim) and is not yet on the bus."""
         self.js = js
         self.kv = kv
-        self.driver = driver
+        self.drivers = drivers
         self.inventory = inventory
         self.workloads_dir = workloads_dir
         self.records = records
@@ -84,6 +89,8 @@ class MachineAgent:
         self._watch_task: asyncio.Task[None] | None = None
         self._resync_task: asyncio.Task[None] | None = None
         self._desired_key = names.desired_key(machine_id)
+        self._observed_key = names.observed_key(machine_id)
+        self.metrics = metrics
 
     # --- life -------------------------------------------------------------------------------
 
@@ -110,13 +117,31 @@ class MachineAgent:
         await asyncio.gather(*(s.settled() for s in self.supervisors.values()))
 
     async def adopt(self) -> None:
+        """Adopt what the records name, and what the engines say runs for this machine without
+        a record (a VM by its domain, a container by its label)."""
         if self.records is None:
             return
-        for workload_id, record in self.records.load_all().items():
-            adoption = await self.driver.adopt(record)
+        records = self.records.load_all()
+        for driver in self.drivers:
+            if isinstance(driver, Discovers):
+                for workload_id, record in (await driver.discover(self.machine_id)).items():
+                    if workload_id not in records and valid_workload_id(workload_id):
+                        log.info(
+                            "workload found by its engine, without a record",
+                            extra={"machine": self.machine_id, "workload": workload_id},
+                        )
+                        records[workload_id] = {**record, "driver": driver.name}
+        for workload_id, record in records.items():
+            driver = self.drivers.of_record(record)
+            if driver is None:
+                adoption = Adoption(None, self.drivers.missing(str(record.get("driver"))))
+            else:
+                adoption = await driver.adopt(record)
             sup = self._supervisor(workload_id)
             if adoption.handle is not None:
-                sup.adopt(adoption.handle)
+                assert driver is not None
+                sup.adopt(adoption.handle, driver)
+                self.records.save(workload_id, {**record, "driver": driver.name})
                 log.info(
                     "workload adopted",
                     extra={
@@ -144,7 +169,33 @@ class MachineAgent:
         self.inventory_unsent = False
 
     async def put_observed(self) -> None:
-        await self.kv.put(names.observed_key(self.machine_id), self.observed().to_bytes())
+        value = self.observed().to_bytes()
+        if not telemetry.ON:
+            try:
+                await self.kv.put(self._observed_key, value)
+            except BaseException:
+                self._reported(ok=False)
+                raise
+            self._reported(ok=True)
+            return
+        # A span per workload whose change this report carries, the write in the first's trace.
+        spans, headers = observability.report_spans(self.machine_id, self.supervisors.values())
+        error: BaseException | None = None
+        try:
+            await self.js.publish(
+                names.MACHINES.key_subject(self._observed_key), value, headers=headers
+            )
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            self._reported(ok=error is None)
+            for span in spans:
+                observability.end(span, error)
+
+    def _reported(self, *, ok: bool) -> None:
+        if self.metrics is not None:
+            self.metrics.reported(ok)
 
     async def rebind(self, js: JetStreamContext, kv: KeyValue) -> None:
         """Move to a new connection, the old one closed for good; `rewatch` then watches and
@@ -305,11 +356,12 @@ class MachineAgent:
         if sup is None:
             sup = WorkloadSupervisor(
                 workload_id,
-                driver=self.driver,
+                drivers=self.drivers,
                 workdir=None if self.workloads_dir is None else self.workloads_dir / workload_id,
                 records=self.records,
                 on_change=lambda: self._on_change(self),
                 timing=self.timing,
+                metrics=self.metrics,
             )
             self.supervisors[workload_id] = sup
         return sup

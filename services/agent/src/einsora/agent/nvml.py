@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from einsora.agent.hostvirt import normal_address
 from einsora.common.schemas import Gpu
 
 try:
@@ -66,7 +67,15 @@ def _devices() -> list[Gpu]:
                 Gpu(index=len(gpus), uuid=m_uuid, model=m_model, memory_mib=m_memory, mig=True)
             )
         if not migs:
-            gpus.append(Gpu(index=len(gpus), uuid=uuid, model=model, memory_mib=memory))
+            gpus.append(
+                Gpu(
+                    index=len(gpus),
+                    uuid=uuid,
+                    model=model,
+                    memory_mib=memory,
+                    pci_address=_pci_address(handle),
+                )
+            )
     return gpus
 
 
@@ -75,6 +84,15 @@ def _describe(handle: Any) -> tuple[str, str, int]:
     uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
     memory = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) // MIB
     return model, uuid, memory
+
+
+def _pci_address(handle: Any) -> str | None:
+    """The device's PCI address as sysfs names it (`0000:65:00.0`), None when unreadable."""
+    try:
+        bus_id = _text(pynvml.nvmlDeviceGetPciInfo(handle).busId)
+    except pynvml.NVMLError:
+        return None
+    return normal_address(bus_id)
 
 
 def _mig_devices(handle: Any) -> list[tuple[str, str, int]]:

@@ -17,6 +17,8 @@ from typing import Generic, TypeVar
 
 import nats.errors
 
+from einsora.common.runloop import raise_if_cancelled
+
 log = logging.getLogger("einsora.agent")
 
 M = TypeVar("M")
@@ -73,6 +75,7 @@ class ObservedPublisher(Generic[M]):
         next_beat = time.monotonic() + tick_s
         slice_no = 0
         while True:
+            raise_if_cancelled()
             timeout = next_beat - time.monotonic()
             if timeout > 0 and not self._event.is_set():
                 with contextlib.suppress(TimeoutError):

@@ -37,17 +37,40 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js.errors import NoStreamResponseError
 
-from einsora.agent import identity, inventory, join, reclaim, sim_inventory, workload_python
+from einsora.agent import (
+    engines,
+    identity,
+    inventory,
+    join,
+    reclaim,
+    sim_inventory,
+    workload_python,
+)
 from einsora.agent.drivers import Driver, ProcessDriver, ProcessOptions, SimDriver, SimOptions
+from einsora.agent.drivers.container import DockerDriver, DockerOptions
+from einsora.agent.drivers.registry import DriverSet
+from einsora.agent.drivers.vm import LibvirtDriver, VmOptions
+from einsora.agent.engines import EngineOptions
 from einsora.agent.join import Enrolled, MachineRevoked
 from einsora.agent.machine import MachineAgent
+from einsora.agent.observability import AgentMetrics
 from einsora.agent.publisher import ObservedPublisher
 from einsora.agent.records import RecordStore
 from einsora.agent.supervisor import Timing
-from einsora.common.bus import bind_bucket, connect, identities, names, provision, tls_trusting
+from einsora.common.bus import (
+    bind_bucket,
+    close_quietly,
+    connect,
+    identities,
+    names,
+    provision,
+    tls_trusting,
+)
 from einsora.common.bus.connect import CredentialRefused
 from einsora.common.bus.identities import Identity
 from einsora.common.errors import BusUnavailable, ConfigError, EinsoraError
+from einsora.common.metrics import MetricsServer, serve
+from einsora.common.runloop import raise_if_cancelled
 from einsora.common.schemas import Inventory, utcnow
 from einsora.common.settings import Settings
 
@@ -61,6 +84,7 @@ OPEN_CONCURRENCY = 64
 TICK_S = 0.5
 BACKOFF_MIN_S = 0.25
 INVENTORY_PUT_S = 2.0
+PHASES_EVERY_TICKS = 10
 
 
 class AgentService:
@@ -88,6 +112,7 @@ class AgentService:
         provision_bus: bool = False,
         enrolment: Enrolled | None = None,
         backoff_max_s: float = 30.0,
+        engines: EngineOptions | None = None,
     ) -> None:
         if driver not in ("process", "sim"):
             raise ConfigError(f"unknown driver {driver!r}: choose sim or process")
@@ -146,6 +171,9 @@ class AgentService:
             if python is not None:
                 options = ProcessOptions(python=python, poll_s=poll_s)
             self.driver = ProcessDriver(options)
+        # Engines (libvirt, Docker) back drivers of their own beside `process`; sim has none.
+        self.engines = None if driver == "sim" else (engines or EngineOptions())
+        self.drivers = DriverSet([self.driver, *self._engine_drivers(poll_s)], self.driver.name)
         self.machines: dict[str, MachineAgent] = {}
         self.publisher: ObservedPublisher[MachineAgent] | None = None
         self._nc: NATS | None = None
@@ -154,10 +182,17 @@ class AgentService:
         self._credentials: Identity | None = None
         self._tls: ssl.SSLContext | None = None
         self._tunnel: AgentTunnel | None = None
+        self.metrics = AgentMetrics(self.driver.name)
+        self._metrics_server: MetricsServer | None = None
         self._gone = asyncio.Event()
         self.gone_reason: EinsoraError | None = None
         """Why the agent stopped for good on its own (its machine was revoked); None: it did
         not."""
+
+    @property
+    def metrics_port(self) -> int | None:
+        """Where /metrics listens once started, when `agent_metrics_port` is set."""
+        return None if self._metrics_server is None else self._metrics_server.port
 
     @property
     def machine_id(self) -> str:
@@ -174,6 +209,13 @@ class AgentService:
             self._tls = tls_trusting(self.settings.nats_tls_cert)  # Solo's own agent
         elif self.enrolment is not None:
             self._tls = self.enrolment.nats_tls()
+        self._metrics_server = serve(
+            self.metrics.registry,
+            host=self.settings.metrics_host,
+            port=self.settings.agent_metrics_port,
+            service="agent",
+            setting="EINSORA_AGENT_METRICS_PORT",
+        )
         closed = asyncio.Event()
         try:
             nc = await self._connect(closed, report=True)
@@ -185,7 +227,7 @@ class AgentService:
         js = nc.jetstream()
         try:
             if self.provision_bus:
-                await provision(js)
+                await provision(js, replicas=self.settings.nats_replicas)
             kv = bind_bucket(js, names.MACHINES)
             publisher: ObservedPublisher[MachineAgent] = ObservedPublisher(
                 lambda: self.machines.values(), lambda m: m.put_observed(), self.heartbeat_s
@@ -197,13 +239,14 @@ class AgentService:
                     machine_id,
                     js=js,
                     kv=kv,
-                    driver=self.driver,
+                    drivers=self.drivers,
                     inventory=await self._inventory(machine_id),
                     workloads_dir=self._workloads_dir(),
                     records=self._records(machine_id),
                     timing=self.timing,
                     on_change=publisher.mark,
                     owner_tenant_id=owner,
+                    metrics=self.metrics,
                 )
             publisher.start()
             await _bounded(self.machines.values(), lambda m: m.open())
@@ -254,8 +297,10 @@ class AgentService:
             self.publisher = None
         self.machines = {}
         nc, self._nc = self._nc, None
-        if nc is not None and not nc.is_closed:
-            await nc.close()
+        await close_quietly(nc)
+        server, self._metrics_server = self._metrics_server, None
+        if server is not None:
+            server.stop()
 
     async def wait_gone(self) -> EinsoraError:
         """Wait until the agent stops for good on its own (its machine was revoked): why."""
@@ -266,6 +311,15 @@ class AgentService:
     async def stop_workloads(self) -> None:
         """Stop every workload of every machine (directories kept), and report it."""
         await asyncio.gather(*(m.stop_workloads() for m in self.machines.values()))
+
+    def unsettled(self) -> list[str]:
+        """Each workload whose latest goal is not reached yet, and where it stands."""
+        return [
+            f"{m.machine_id}/{s.state()}"
+            for m in self.machines.values()
+            for s in m.supervisors.values()
+            if s.busy_or_waking
+        ]
 
     def running_count(self) -> int:
         """How many workloads the agent has live now (starting, running or stopping): those a
@@ -279,11 +333,55 @@ class AgentService:
 
     # --- parts ------------------------------------------------------------------------------
 
+    def _engine_drivers(self, poll_s: float) -> list[Driver]:
+        """The drivers of the engines the options name (whether or not they answer now: the
+        inventory lists only those that do, and each connects when it is first used)."""
+        options = self.engines
+        if options is None:
+            return []
+        found: list[Driver] = []
+        if options.libvirt:
+            found.append(
+                LibvirtDriver(
+                    VmOptions(
+                        uri=options.libvirt_uri,
+                        vm_dir=options.vm_dir,
+                        image_dirs=options.vm_images,
+                        sysfs=options.sysfs,
+                        machine_id=self.machine_ids[0],
+                        poll_s=poll_s,
+                        workdirs=self.settings.data_dir / "workloads",
+                        gpu_addresses=self._passthrough_addresses,
+                    )
+                )
+            )
+        if options.docker:
+            docker_options = DockerOptions(
+                base_url=options.docker_host, machine_id=self.machine_ids[0], poll_s=poll_s
+            )
+            found.append(DockerDriver(docker_options))
+            found.append(DockerDriver(docker_options, name=engines.DOCKER_KATA, runtime="kata"))
+        return found
+
+    def _passthrough_addresses(self) -> dict[str, str]:
+        """The PCI address of each GPU a VM may be given whole, by uuid (its inventory)."""
+        machine = self.machines.get(self.machine_ids[0])
+        if machine is None:
+            return {}
+        return {
+            g.uuid: g.pci_address
+            for g in machine.inventory.gpus
+            if g.passthrough and g.pci_address is not None
+        }
+
     async def _inventory(self, machine_id: str) -> Inventory:
         if self.sim_machine is not None:
             return self.sim_machine.inventory(machine_id, self.region, ["sim"])
+        reports = []
+        if self.engines is not None:
+            reports = await asyncio.to_thread(engines.probe, self.engines)
         return await asyncio.to_thread(
-            inventory.collect, machine_id, self.region, [self.driver_name]
+            inventory.collect, machine_id, self.region, [self.driver_name], reports
         )
 
     def _workloads_dir(self) -> Path | None:
@@ -318,6 +416,7 @@ class AgentService:
         """Serve one connection until it closes without the agent asking, then make the next."""
         fresh = False
         while True:
+            raise_if_cancelled()
             maintenance = asyncio.create_task(self._maintain(nc, fresh), name="agent maintenance")
             try:
                 await closed.wait()
@@ -353,6 +452,7 @@ class AgentService:
         attempts = 0
         reported = False
         while True:
+            raise_if_cancelled()
             attempts += 1
             error: EinsoraError
             try:
@@ -425,12 +525,13 @@ class AgentService:
 
     def workload_ports(self) -> set[int]:
         """The ports this machine's workloads answer on now (what the tunnel may forward)."""
-        return {
-            w.endpoint.port
-            for m in self.machines.values()
-            for w in m.observed().workloads
-            if w.endpoint is not None
-        }
+        ports: set[int] = set()
+        for m in self.machines.values():
+            for w in m.observed().workloads:
+                if w.endpoint is not None:
+                    ports.add(w.endpoint.port)
+                    ports.update(w.endpoint.ports.values())  # a VM's SSH and console too
+        return ports
 
     async def _maintain(self, nc: NATS, fresh: bool) -> None:
         """Reconnects (re-watch and re-read), periodic resync, inventory refresh. `fresh`: a new
@@ -440,6 +541,7 @@ class AgentService:
         next_inventory = time.monotonic() + self.inventory_s
         pending: set[str] = set(self.machines) if fresh else set()
         while True:
+            raise_if_cancelled()
             if pending:
                 pending = await self._each(pending, _rewatch)
             await asyncio.sleep(TICK_S)
@@ -477,8 +579,16 @@ class AgentService:
 
     async def _watch_reclaim(self) -> None:
         """The owner's reclaim on the machine (`einsora agent reclaim`), read every tick,
-        whether or not the bus is there: it is applied locally first, then reported."""
+        whether or not the bus is there: it is applied locally first, then reported. The
+        workloads' phases are counted for /metrics on the same tick, every few seconds."""
+        ticks = 0
         while True:
+            raise_if_cancelled()
+            if ticks % PHASES_EVERY_TICKS == 0:
+                self.metrics.phases(
+                    s.phase for m in self.machines.values() for s in m.supervisors.values()
+                )
+            ticks += 1
             local = reclaim.read(self.settings.data_dir)
             now = utcnow()
             for machine in self.machines.values():

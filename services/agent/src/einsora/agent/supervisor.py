@@ -24,9 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from opentelemetry.trace import Span
+
+from einsora.agent import observability
 from einsora.agent.converge import Goal
 from einsora.agent.drivers import Driver, Handle, StartFailed
+from einsora.agent.drivers.registry import DriverSet
+from einsora.agent.observability import AgentMetrics
 from einsora.agent.records import RecordStore
+from einsora.common import telemetry
+from einsora.common.runloop import raise_if_cancelled
 from einsora.common.schemas import DesiredWorkload, ObservedPhase, ObservedWorkload
 
 log = logging.getLogger("einsora.agent")
@@ -71,18 +78,34 @@ class WorkloadSupervisor:
         self,
         workload_id: str,
         *,
-        driver: Driver,
+        drivers: DriverSet,
         workdir: Path | None,
         records: RecordStore | None,
         on_change: Callable[[], None],
         timing: Timing,
+        metrics: AgentMetrics | None = None,
     ) -> None:
         self.workload_id = workload_id
-        self.driver = driver
+        self.drivers = drivers
+        default = drivers.get(None)
+        assert default is not None
+        self.driver: Driver = default
+        """The driver of its handle, or the one its desired entry names (the default before
+        either is known)."""
+        self._parked_how = ""
+        """How its driver parked it last (a VM: with a managed save, or shut down)."""
+        self._missing_driver: str | None = None
+        """The driver its desired entry names when this agent has none of that name."""
         self.workdir = workdir
         self.records = records
         self.on_change = on_change
         self.timing = timing
+        self.metrics = metrics
+        self.trace: tuple[str, str | None] | None = None
+        """(traceparent, request id) of its last driver action's span (tracing on)."""
+        self.report_trace: tuple[str, str | None] | None = None
+        """The trace the next observed report joins for this workload: set when its phase
+        changes, cleared by the report (tracing on)."""
         self.goal = Goal.hold
         self.desired: DesiredWorkload | None = None
         self.phase = ObservedPhase.starting
@@ -103,8 +126,9 @@ class WorkloadSupervisor:
 
     # --- construction after a restart -----------------------------------------------------
 
-    def adopt(self, handle: Handle) -> None:
+    def adopt(self, handle: Handle, driver: Driver) -> None:
         """Take over a workload still running from before a restart."""
+        self.driver = driver
         self.handle = handle
         self._starting_since = time.monotonic()
         self._failed_probes = 0
@@ -123,6 +147,8 @@ class WorkloadSupervisor:
         previous = self.goal
         if desired is not None:
             self.desired = desired
+            if self.handle is None and not self._busy:
+                self._pick_driver(desired)
         self.goal = goal
         if goal is Goal.run and previous in (Goal.park, Goal.remove, Goal.drop):
             self._may_start = True  # parked or removed, now wanted again: a fresh start
@@ -131,6 +157,14 @@ class WorkloadSupervisor:
         self._idle.clear()
         self._ensure_task()
         self._wake.set()
+
+    def _pick_driver(self, desired: DesiredWorkload) -> None:
+        """The driver its desired entry names runs it (and deletes its files) from now on."""
+        driver = self.drivers.get(desired.driver)
+        if driver is None:
+            self._missing_driver = desired.driver
+        else:
+            self.driver, self._missing_driver = driver, None
 
     def _expected_phase(self) -> tuple[ObservedPhase, str]:
         """The phase to report right away, before the step that gets there has run."""
@@ -141,15 +175,30 @@ class WorkloadSupervisor:
         if self.handle is not None:
             return ObservedPhase.stopping, ""
         if self.goal is Goal.park:
-            return ObservedPhase.parked, ""
+            return ObservedPhase.parked, self._parked_how
         if self.goal is Goal.remove and self.workdir is not None and self.workdir.exists():
             return ObservedPhase.stopping, ""
         return ObservedPhase.removed, DROPPED_REASON if self.goal is Goal.drop else ""
 
     async def settled(self) -> None:
         """Wait until the latest goal is reached and nothing is left to do."""
-        if self._task is not None and not self._task.done():
+        if self.busy_or_waking:
             await self._idle.wait()
+
+    @property
+    def busy_or_waking(self) -> bool:
+        """`settled()` would wait: its task runs and has not gone idle since the last goal."""
+        return self._task is not None and not self._task.done() and not self._idle.is_set()
+
+    def state(self) -> str:
+        """Where it stands, in one line, for a person reading why a stop has not ended."""
+        task = "none" if self._task is None else ("done" if self._task.done() else "running")
+        return (
+            f"{self.workload_id}: goal {self.goal.value}, phase {self.phase.value}, "
+            f"driver {self.driver.name}, handle {'held' if self.handle else 'none'}, "
+            f"{'busy' if self._busy else 'not busy'}, task {task}, "
+            f"{'idle' if self._idle.is_set() else 'not idle'}"
+        )
 
     @property
     def settled_away(self) -> bool:
@@ -180,7 +229,32 @@ class WorkloadSupervisor:
             reason = reason.replace(token, "REDACTED")
         if (phase, reason) != (self.phase, self.reason):
             self.phase, self.reason = phase, reason
+            if telemetry.ON:
+                self.report_trace = self._current_trace()
             self.on_change()
+
+    def _current_trace(self) -> tuple[str, str | None] | None:
+        if self.trace is not None:
+            return self.trace
+        desired = self.desired
+        if desired is not None and desired.traceparent:
+            return desired.traceparent, desired.request_id
+        return None
+
+    def _acted(self, action: str, span: Span | None, error: BaseException | None) -> None:
+        """Count a driver action, and end its span (its context is what follows)."""
+        if self.metrics is not None:
+            self.metrics.action(self.driver.name, action, error is None)
+        if span is not None:
+            traceparent = observability.end(span, error)
+            if traceparent is not None:
+                request_id = self.desired.request_id if self.desired is not None else None
+                self.trace = (traceparent, request_id)
+
+    def _span(self, action: str) -> Span | None:
+        if not telemetry.ON:
+            return None
+        return observability.driver_span(action, self.driver.name, self.desired)
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -204,6 +278,7 @@ class WorkloadSupervisor:
 
     async def _run(self) -> None:
         while True:
+            raise_if_cancelled()
             self._wake.clear()
             self._busy = True
             try:
@@ -236,31 +311,51 @@ class WorkloadSupervisor:
             return await self._watch(goal)
         if self.handle is not None:
             self._set(ObservedPhase.stopping)
-            await self._stop()
+            if goal in (Goal.park, Goal.drop):
+                self._parked_how = await self._park()
+            else:
+                await self._stop()
             if self.goal is not goal:
                 return 0.0
         if goal is Goal.remove and self.workdir is not None and self.workdir.exists():
             self._set(ObservedPhase.stopping)
+            span = self._span("delete")
             try:
                 await self.driver.delete(self.workdir)
             except OSError as exc:
+                self._acted("delete", span, exc)
                 self._set(
                     ObservedPhase.failed, f"stopped, but its directory could not be deleted: {exc}"
                 )
                 return None
-        final = {Goal.park: ObservedPhase.parked}.get(goal, ObservedPhase.removed)
-        self._set(final, DROPPED_REASON if goal is Goal.drop else "")
+            self._acted("delete", span, None)
+        if goal is Goal.park:
+            self._set(ObservedPhase.parked, self._parked_how)
+        else:
+            self._set(ObservedPhase.removed, DROPPED_REASON if goal is Goal.drop else "")
         return None
 
     async def _start(self, desired: DesiredWorkload) -> None:
+        self._pick_driver(desired)
+        if self._missing_driver is not None:
+            self._may_start = False
+            self._set(ObservedPhase.failed, self.drivers.missing(self._missing_driver))
+            return
         self._set(ObservedPhase.starting)
+        span = self._span("start")
         try:
             handle = await self.driver.start(desired, self.workdir)
         except StartFailed as exc:
+            self._acted("start", span, exc)
             self._may_start = False
             self._set(ObservedPhase.failed, exc.message)
             return
+        except BaseException as exc:
+            self._acted("start", span, exc)
+            raise
+        self._acted("start", span, None)
         self.handle = handle
+        self._parked_how = ""
         self._starting_since = time.monotonic()
         self._failed_probes = 0
         self._save_record(handle)
@@ -270,14 +365,37 @@ class WorkloadSupervisor:
     def _save_record(self, handle: Handle) -> None:
         record = self.driver.record(handle)
         if record is not None and self.records is not None:
-            self.records.save(self.workload_id, record)
+            self.records.save(self.workload_id, {**record, "driver": self.driver.name})
 
     async def _stop(self) -> None:
         handle = self.handle
         assert handle is not None
-        await self.driver.stop(handle, self.timing.grace_s)
+        span = self._span("stop")
+        try:
+            await self.driver.stop(handle, self.timing.grace_s)
+        except BaseException as exc:
+            self._acted("stop", span, exc)
+            raise
+        self._acted("stop", span, None)
         self._forget_handle()
         log.info("workload stopped", extra={"workload": self.workload_id, "pid": handle.pid})
+
+    async def _park(self) -> str:
+        """Park it through its driver; how it parked, in words ("" when nothing to add)."""
+        handle = self.handle
+        assert handle is not None
+        span = self._span("park")
+        try:
+            how = await self.driver.park(handle, self.timing.grace_s)
+        except BaseException as exc:
+            self._acted("park", span, exc)
+            raise
+        self._acted("park", span, None)
+        self._forget_handle()
+        log.info(
+            "workload parked", extra={"workload": self.workload_id, "pid": handle.pid, "how": how}
+        )
+        return how
 
     def _forget_handle(self) -> None:
         self.handle = None

@@ -57,8 +57,9 @@ class ControlPlane:
         kind: WorkloadKind = WorkloadKind.notebook,
         spec: dict[str, Any] | None = None,
         access_token: str | None = None,
+        driver: str | None = None,
     ) -> DesiredWorkload:
-        """A desired workload as the scheduler would write it."""
+        """A desired workload as the scheduler would write it (`driver`: the one it chose)."""
         return DesiredWorkload(
             workload_id=workload_id,
             tenant_id="t-test",
@@ -67,6 +68,7 @@ class ControlPlane:
             target=target,
             spec=spec or {},
             access_token=access_token,
+            driver=driver,
         )
 
     async def put_desired(

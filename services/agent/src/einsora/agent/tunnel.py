@@ -23,6 +23,7 @@ import asyncssh
 
 from einsora.common.bus.consumer import retry_delay
 from einsora.common.errors import ConfigError
+from einsora.common.runloop import raise_if_cancelled
 
 log = logging.getLogger("einsora.agent.tunnel")
 
@@ -172,6 +173,9 @@ class AgentTunnel:
         host, port = self._address
         loop = asyncio.get_running_loop()
         while True:
+            # asyncssh dials under `wait_for`, which drops a `stop()` that races a refused
+            # handshake; the refusal is then caught below and the loop would dial for ever.
+            raise_if_cancelled()
             try:
                 self._conn = await asyncssh.connect_reverse(
                     host, port, server_factory=lambda: _AgentServer(self), options=self._options()

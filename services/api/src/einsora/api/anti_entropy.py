@@ -104,12 +104,14 @@ class AntiEntropy:
         timeline: TimelineConsumer | None = None,
         period_s: float = ANTI_ENTROPY_PERIOD_S,
         ack_timeout_s: float = 5.0,
+        replicas: int = 1,
     ) -> None:
         if period_s <= 0:
             raise ValueError("period_s must be positive")
         self._store = store
         self._nc = nc
         self._js = js
+        self._replicas = replicas
         self._timeline = timeline
         self._period_s = period_s
         self._ack_timeout_s = ack_timeout_s
@@ -187,7 +189,7 @@ class AntiEntropy:
                 missing.append(stream)
         repaired = False
         if missing:
-            report = await provision(self._js, only=ALL_BUT_ROUTES)
+            report = await provision(self._js, replicas=self._replicas, only=ALL_BUT_ROUTES)
             self.reprovisioned += 1
             repaired = True
             log.warning(
@@ -216,7 +218,7 @@ class AntiEntropy:
             async with self._store.read() as conn:
                 found = (
                     await conn.execute(
-                        sa.select(w.id, w.region, w.state)
+                        sa.select(w.id, w.region, w.current_region, w.state)
                         .where(
                             w.state.in_(sorted(s.value for s in AWAITING_INTENT)),
                             w.updated_at < settled,
@@ -334,7 +336,8 @@ class AntiEntropy:
 def _waiting(found: Iterable[Any]) -> Iterable[_Waiting]:
     for r in found:
         try:
-            subject = names.intent_subject(r.region, r.id)
+            # The region that holds it now: a region step handed it over (ADR-0022).
+            subject = names.intent_subject(r.current_region or r.region, r.id)
         except ValueError:
             continue  # never published either: the api refuses such regions
         yield _Waiting(r.id, r.state, subject)

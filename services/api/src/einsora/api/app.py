@@ -14,8 +14,9 @@ route has a twin for HEAD, after every other route and out of the document.
 
 The document is FastAPI's, from the routes' parameters and models, plus the two things our own
 dependencies imply and FastAPI cannot see: the request body `JsonBody` validates, and the bearer
-scheme of the routes that depend on `Me` or `Launch`, and the models of the event streams'
-events' data (`schemas/events.py`), which no response model names. No docs UI is served.
+and session schemes of the routes that depend on `Me` or `Launch`, and the models of the event
+streams' events' data (`schemas/events.py`), which no response model names. No docs UI is
+served. The dashboard's files are served at `/` (`dashboard.py`), out of the document.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from einsora.api.context import ApiContext
+from einsora.api.dashboard import DashboardFiles
 from einsora.api.deps import AUTHENTICATED, JsonBody
 from einsora.api.errors import (
     ApiError,
@@ -49,11 +51,15 @@ from einsora.api.errors import (
     unprocessable,
 )
 from einsora.api.middleware import EdgeMiddleware
+from einsora.api.passwords import SignInThrottle
 from einsora.api.routers import ROUTERS
 from einsora.api.schemas.common import as_details
 from einsora.api.schemas.events import EVENT_DATA
+from einsora.api.server_span import ServerSpanMiddleware
 from einsora.api.services.limits import RateLimits
+from einsora.common import telemetry
 from einsora.common.errors import EinsoraError
+from einsora.common.sites import DASHBOARD_COOKIE
 
 TITLE = "Einsora API"
 VERSION = "1"
@@ -166,7 +172,14 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app = _app()
     app.state.ctx = ctx
     app.state.rate_limits = RateLimits.from_settings(ctx.settings)
+    app.state.sign_in_throttle = SignInThrottle()  # failed password sign-ins (ADR-0019)
+    # The dashboard's pages and files, after every API route (ADR-0019).
+    app.router.routes.extend(DashboardFiles.from_settings(ctx.settings).routes())
     app.add_middleware(EdgeMiddleware, metrics=ctx.metrics)
+    if telemetry.ON:
+        # Outside the edge, which names its request ID on the span. Not added while tracing is
+        # off, so it costs nothing then.
+        app.add_middleware(ServerSpanMiddleware)
     return app
 
 
@@ -192,7 +205,8 @@ def _document(app: FastAPI) -> dict[str, Any]:
         operations = [paths[method.lower()] for method in route.methods or ()]
         for operation in operations:
             if any(call in AUTHENTICATED for call in calls):
-                operation["security"] = [{"bearer": []}]
+                # An API token, or the dashboard's session cookie (ADR-0019).
+                operation["security"] = [{"bearer": []}, {"session": []}]
         for call in calls:
             if isinstance(call, JsonBody):
                 bodies.setdefault(call.model, []).extend(operations)
@@ -218,5 +232,14 @@ def _document(app: FastAPI) -> dict[str, Any]:
         # Models the responses name already (PlacementOut) stay as FastAPI wrote them.
         schemas.setdefault(name, schema)
     components["schemas"] = dict(sorted(schemas.items()))
-    components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    components["securitySchemes"] = {
+        "bearer": {"type": "http", "scheme": "bearer"},
+        "session": {
+            "type": "apiKey",
+            "in": "cookie",
+            "name": DASHBOARD_COOKIE,
+            "description": "the dashboard's session (POST /v1/sessions); a POST, PUT, PATCH or "
+            "DELETE with it needs its `X-CSRF-Token` header as well",
+        },
+    }
     return document

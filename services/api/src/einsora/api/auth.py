@@ -91,7 +91,10 @@ _LOOKUP = (
 
 
 @dataclass(frozen=True)
-class _Verified:
+class Verified:
+    """A credential found valid (an API token, or a dashboard session: `session_auth.py`), as
+    `VerifiedTokens` remembers it by the SHA-256 of its secret."""
+
     principal: Principal
     expires_at: datetime | None
     last_used_at: datetime | None
@@ -109,13 +112,13 @@ class VerifiedTokens:
     def __init__(self, ttl_s: float = 30.0, max_entries: int = 50_000) -> None:
         self.ttl_s = ttl_s
         self._max = max_entries
-        self._by_digest: dict[str, _Verified] = {}
+        self._by_digest: dict[str, Verified] = {}
         self._revoked_at: dict[str, float] = {}
         """Token id → when it was revoked, kept for ttl_s (longer than any lookup in flight)."""
         self.hits = 0
         self.misses = 0
 
-    def get(self, digest: str) -> _Verified | None:
+    def get(self, digest: str) -> Verified | None:
         found = self._by_digest.get(digest)
         if found is None:
             self.misses += 1
@@ -127,7 +130,7 @@ class VerifiedTokens:
         self.hits += 1
         return found
 
-    def remember(self, digest: str, verified: _Verified) -> None:
+    def remember(self, digest: str, verified: Verified) -> None:
         revoked = self._revoked_at.get(verified.principal.token_id)
         if revoked is not None and revoked >= verified.read_at:
             return  # revoked while it was being looked up
@@ -184,7 +187,7 @@ async def authenticate(
     return verified.principal
 
 
-async def _look_up(store: Store, digest: str) -> _Verified:
+async def _look_up(store: Store, digest: str) -> Verified:
     """The token with this digest from the store, or Unauthenticated saying why not."""
     read_at = time.monotonic()
     row: Any = await store.query(lambda conn: conn.execute(_LOOKUP, {"digest": digest}).first())
@@ -201,7 +204,7 @@ async def _look_up(store: Store, digest: str) -> _Verified:
         role=row.role,
         is_operator=bool(row.is_operator) and bool(row.token_operator),
     )
-    return _Verified(principal, row.expires_at, row.last_used_at, read_at)
+    return Verified(principal, row.expires_at, row.last_used_at, read_at)
 
 
 async def _touch(store: Store, token_id: str, now: datetime) -> None:

@@ -54,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
         }
     )
     logs.configure_from(settings, args.log_level, args.log_format)
+    from einsora.common import telemetry
+
+    telemetry.configure("einsora-api")
     catalog = Catalog.load(args.catalog)
     return runloop.run(_serve(settings, catalog))
 

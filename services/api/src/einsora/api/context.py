@@ -9,6 +9,8 @@ from datetime import datetime
 from einsora.api.auth import VerifiedTokens
 from einsora.api.machines import MachinesView
 from einsora.api.metrics import ApiMetrics
+from einsora.api.model_fallbacks_sync import ModelFallbacksSync
+from einsora.api.regions import RegionsView
 from einsora.api.revocations import Revocations
 from einsora.api.store import Store
 from einsora.common.catalog import Catalog
@@ -28,6 +30,8 @@ class ApiContext:
     store: Store
     catalog: Catalog
     machines: MachinesView
+    regions: RegionsView = field(default_factory=RegionsView)
+    """Each region's scheduler, alive or not, and its free capacity (ADR-0022)."""
     metrics: ApiMetrics = field(default_factory=lambda: ApiMetrics())
     bus_connected: Callable[[], bool] = _never
     clock: Callable[[], datetime] = utcnow
@@ -36,6 +40,8 @@ class ApiContext:
     """API tokens verified lately (authentication without a query per request)."""
     revocations: Revocations | None = None
     """Tells the other replicas about a revoked token (None: no bus, this replica only)."""
+    model_fallbacks: ModelFallbacksSync | None = None
+    """Writes endpoints' model steps for the gateway (None: no bus; ADR-0022)."""
 
     async def revoked(self, token_ids: list[str]) -> None:
         """These tokens were revoked: refused from the next request on, here and elsewhere."""

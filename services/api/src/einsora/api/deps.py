@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Annotated, Any, Generic, TypeVar
 
 from fastapi import Depends, Header, Request
@@ -34,14 +35,22 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
+from starlette.types import Scope
 
 from einsora.api.auth import Principal, authenticate
 from einsora.api.context import ApiContext
 from einsora.api.errors import BadRequest, unprocessable
-from einsora.api.middleware import ACTION_SCOPE_KEY, MAX_BODY_BYTES, bind_log_context
+from einsora.api.middleware import ACTION_SCOPE_KEY, MAX_BODY_BYTES, MUTATING, bind_log_context
 from einsora.api.schemas.common import ErrorBody, as_details
 from einsora.api.services.activity import action_name
+from einsora.api.session_auth import (
+    authenticate_session,
+    check_csrf,
+    require_same_origin,
+    session_cookie,
+)
 from einsora.api.store import Action
+from einsora.common import telemetry
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -60,9 +69,11 @@ class Call:
 async def _authenticated(request: Request, *, launch: bool) -> Call:
     scope = request.scope
     ctx: ApiContext = request.app.state.ctx
-    principal = await authenticate(
-        ctx.store, request.headers.get("authorization"), ctx.tokens, now=ctx.clock()
-    )
+    authorization = request.headers.get("authorization")
+    if authorization is None and (secret := session_cookie(scope)) is not None:
+        principal = await _session(scope, ctx, secret)
+    else:
+        principal = await authenticate(ctx.store, authorization, ctx.tokens, now=ctx.clock())
     scope["einsora.tenant"] = principal.tenant_id
     scope["einsora.subject"] = principal.user_id
     # Bound until the request ends, by the edge; a `yield` dependency would cost some 30 us a
@@ -76,6 +87,30 @@ async def _authenticated(request: Request, *, launch: bool) -> Call:
         action.token_id = principal.token_id
         _arm(action, scope, ctx)
     return Call(principal, ctx, scope["state"]["request_id"])
+
+
+SESSION_SCOPE_KEY = "einsora.session"
+"""The scope key of the session secret a request was authenticated with (the session routes
+answer with its CSRF token)."""
+
+
+async def _session(scope: Scope, ctx: ApiContext, secret: str) -> Principal:
+    """A dashboard session's principal (`session_auth.py`); a change made with it must come
+    from the dashboard's own origin, with the session's CSRF token."""
+    settings = ctx.settings
+    if scope["method"] in MUTATING:
+        require_same_origin(scope, settings.public_url)
+    principal = await authenticate_session(
+        ctx.store,
+        secret,
+        ctx.tokens,
+        now=ctx.clock(),
+        idle=timedelta(hours=settings.session_idle_hours),
+    )
+    if scope["method"] in MUTATING:
+        check_csrf(scope, secret)
+    scope[SESSION_SCOPE_KEY] = secret
+    return principal
 
 
 TARGET_CHARS = 128
@@ -176,7 +211,13 @@ Traceparent = Annotated[
 
 
 def traceparent_of(value: str | None) -> str | None:
-    """The `traceparent` header when it is well-formed, else None (W3C: ignore, never refuse)."""
+    """The trace context the request's intent carries on: while tracing is on, the request's
+    own span (its HTTP instrumentation already took the caller's `traceparent` as its parent);
+    else the caller's header when it is well-formed, else None (W3C: ignore, never refuse)."""
+    if telemetry.ON:
+        current = telemetry.current_traceparent()
+        if current is not None:
+            return current
     return value if value is not None and _TRACEPARENT_RE.match(value) else None
 
 
@@ -193,7 +234,7 @@ def no_content() -> Response:
 
 ERROR_TEXT = {
     400: "Malformed JSON",
-    401: "Missing, unknown, revoked or expired API token",
+    401: "Missing, unknown, revoked or expired API token (or dashboard session)",
     403: "Not allowed to do this",
     404: "No such object in this tenant",
     409: "The object's state or an existing object forbids this",
@@ -203,8 +244,9 @@ ERROR_TEXT = {
     503: "The store or the bus cannot answer now",
 }
 
-AUTH_ERRORS = (401, 429, 503)
-"""What `Me` and `Launch` may answer."""
+AUTH_ERRORS = (401, 403, 429, 503)
+"""What `Me` and `Launch` may answer (403: a change made with a dashboard session from
+another site, or without its CSRF token)."""
 BODY_ERRORS = (400, 413, 422)
 """What `JsonBody` may answer."""
 PARAM_ERRORS = (422,)

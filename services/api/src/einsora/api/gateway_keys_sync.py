@@ -29,14 +29,13 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, KeyWrongLastSequenceError
-from nats.js.kv import KV_DEL, KV_PURGE
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
 from einsora.api.errors import Unavailable
 from einsora.api.services.gateway_keys import live_keys
 from einsora.api.store import Store
-from einsora.common.bus import bind_bucket, names
+from einsora.common.bus import KeyState, bind_bucket, names, read_bucket
 from einsora.common.errors import BusUnavailable
 from einsora.common.schemas import GatewayKey, utcnow
 
@@ -58,13 +57,6 @@ _WRONG_LAST_SEQUENCE = (10071, 10164)
 """JetStream's codes for a conditional write whose expected revision is not the subject's."""
 
 _FAILURES = (BusUnavailable, nats.errors.Error, OSError, TimeoutError, SQLAlchemyError)
-
-
-@dataclass(frozen=True)
-class _Entry:
-    revision: int
-    value: bytes | None
-    """None: a delete marker (the key was revoked, or a pass removed it)."""
 
 
 @dataclass(frozen=True)
@@ -246,22 +238,9 @@ class GatewayKeysSync:
             )
         return report
 
-    async def _read_bucket(self) -> dict[str, _Entry]:
+    async def _read_bucket(self) -> dict[str, KeyState]:
         """Every key of the bucket with its revision and value (None: deleted)."""
-        watcher = await self._kv.watch(">")
-        try:
-            entries: dict[str, _Entry] = {}
-            while True:
-                entry = await watcher.updates(timeout=READ_TIMEOUT_S)  # type: ignore[no-untyped-call]
-                if entry is None:  # nats-py's "initial values done" marker
-                    return entries
-                deleted = entry.operation in (KV_DEL, KV_PURGE)
-                entries[entry.key] = _Entry(
-                    entry.revision or 0, None if deleted else (entry.value or b"")
-                )
-        finally:
-            with contextlib.suppress(*_FAILURES):
-                await watcher.stop()  # type: ignore[no-untyped-call]
+        return await read_bucket(self._kv, ">", timeout_s=READ_TIMEOUT_S)
 
 
 async def _written(write: Awaitable[object]) -> bool:
@@ -277,7 +256,7 @@ async def _written(write: Awaitable[object]) -> bool:
     return True
 
 
-def _expired(entry: _Entry, now: datetime) -> bool:
+def _expired(entry: KeyState, now: datetime) -> bool:
     """Whether a bucket entry is a key that has expired by `now`."""
     try:
         key = GatewayKey.from_bytes(entry.value or b"")
@@ -286,7 +265,7 @@ def _expired(entry: _Entry, now: datetime) -> bool:
     return key.expires_at is not None and key.expires_at <= now
 
 
-def _holds(entry: _Entry, key: GatewayKey) -> bool:
+def _holds(entry: KeyState, key: GatewayKey) -> bool:
     """Whether a bucket entry is this key as the gateway should read it."""
     if entry.value is None:
         return False

@@ -28,6 +28,7 @@ import time
 from contextlib import ExitStack
 
 import h11
+from opentelemetry import trace
 
 try:
     import httptools
@@ -48,7 +49,7 @@ from einsora.api.errors import (
 )
 from einsora.api.metrics import UNMATCHED, ApiMetrics
 from einsora.api.store import Action, bound, settle
-from einsora.common import logs
+from einsora.common import logs, telemetry
 from einsora.common.ids import new_id
 
 log = logging.getLogger("einsora.api.access")
@@ -127,6 +128,9 @@ class EdgeMiddleware:
                 break
         request_id = request_id_from(incoming)
         scope.setdefault("state", {})["request_id"] = request_id
+        if telemetry.ON:
+            # The HTTP instrumentation's server span started before the ID was known.
+            trace.get_current_span().set_attribute(telemetry.REQUEST_ID_ATTRIBUTE, request_id)
         status = 500
         responded = False
         started = time.perf_counter()

@@ -1,6 +1,7 @@
 """The api's tables (SQLAlchemy Core): tenants, users, members, invitations, API tokens,
 workloads, timeline, outbox, idempotency keys, access tickets, tenant limits, gateway keys,
-tenant quotas, join tokens, enrolled machines, machine invitations and the activity log.
+tenant quotas, join tokens, enrolled machines, machine invitations, the activity log, and the
+dashboard's sessions and sign-in links.
 
 The api owns these tables and no other service reads them (DESIGN.md). Every time is stored in
 UTC and read back timezone-aware; the migrations in `migrations/versions` create exactly this
@@ -43,6 +44,9 @@ users = sa.Table(
     sa.Column("username", NAME, nullable=False, unique=True),
     sa.Column("is_operator", sa.Boolean(), nullable=False, server_default=sa.false()),
     sa.Column("created_at", UtcDateTime(), nullable=False),
+    # The dashboard's password (ADR-0019): an Argon2id hash in PHC form, or null (none set).
+    sa.Column("password_hash", sa.String(255), nullable=True),
+    sa.Column("password_set_at", UtcDateTime(), nullable=True),
 )
 
 members = sa.Table(
@@ -107,6 +111,10 @@ workloads = sa.Table(
     sa.Column("region", NAME, nullable=False),
     sa.Column("spec", sa.Text(), nullable=False),
     sa.Column("fallback", sa.Text(), nullable=False),
+    sa.Column("fallback_after_s", sa.Float(), nullable=False, server_default="0"),
+    # The region whose scheduler holds it now: NULL until a region step hands it over
+    # (ADR-0022); its intents go to this region's subject.
+    sa.Column("current_region", NAME, nullable=True),
     sa.Column("state", sa.String(16), nullable=False),
     sa.Column("placed_region", NAME, nullable=True),
     sa.Column("placed_machine", NAME, nullable=True),
@@ -224,6 +232,8 @@ gateway_keys = sa.Table(
     sa.Column("created_at", UtcDateTime(), nullable=False),
     sa.Column("expires_at", UtcDateTime(), nullable=True),
     sa.Column("revoked_at", UtcDateTime(), nullable=True),
+    # When the gateway last counted a request with it (`key_use.py`, from its token counts).
+    sa.Column("last_used_at", UtcDateTime(), nullable=True),
     sa.Index(None, "tenant_id", "user_id", "id"),
     sa.Index(None, "tenant_id", "id"),
     # The key sync reads the live keys every minute; revoked ones pile up and are never read.
@@ -369,3 +379,40 @@ activity = sa.Table(
 )
 """The activity log (issue 17): one row per API action, written in the transaction of the change
 it records (`store.py`); tenant admins read it, and rows past the retention are purged."""
+
+sessions = sa.Table(
+    "sessions",
+    metadata,
+    sa.Column("id", ID, primary_key=True),
+    # The cookie's secret is never stored: only its SHA-256, as for API tokens.
+    sa.Column("secret_sha256", sa.String(64), nullable=False, unique=True),
+    sa.Column("tenant_id", ID, sa.ForeignKey("tenants.id"), nullable=False),
+    sa.Column("user_id", ID, sa.ForeignKey("users.id"), nullable=False),
+    # Operator rights, as a token's (ADR-0008): only from the operator's own sign-in.
+    sa.Column("operator", sa.Boolean(), nullable=False, server_default=sa.false()),
+    # How it began: `link`, `password` or `invitation`.
+    sa.Column("method", sa.String(16), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+    sa.Column("last_seen_at", UtcDateTime(), nullable=False),
+    sa.Column("expires_at", UtcDateTime(), nullable=False),
+    sa.Column("ended_at", UtcDateTime(), nullable=True),
+    sa.Index(None, "user_id", "id"),
+)
+"""The dashboard's sessions (ADR-0019): a host-only HttpOnly cookie holds the secret; a session
+ends when its user signs out, after `session_idle_hours` unused, or `session_max_days` after it
+began, whichever comes first."""
+
+sign_in_links = sa.Table(
+    "sign_in_links",
+    metadata,
+    sa.Column("id", ID, primary_key=True),
+    sa.Column("secret_sha256", sa.String(64), nullable=False, unique=True),
+    sa.Column("tenant_id", ID, sa.ForeignKey("tenants.id"), nullable=False),
+    sa.Column("user_id", ID, sa.ForeignKey("users.id"), nullable=False),
+    sa.Column("operator", sa.Boolean(), nullable=False, server_default=sa.false()),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+    sa.Column("expires_at", UtcDateTime(), nullable=False),
+    sa.Column("used_at", UtcDateTime(), nullable=True),
+)
+"""One-time sign-in links (ADR-0019): Solo's first start prints one for the owner, and
+`einsora dashboard` asks for one for its caller; the code is exchanged for a session once."""

@@ -25,11 +25,12 @@ import sqlalchemy as sa
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
+from opentelemetry.trace import Span, SpanKind, StatusCode
 from sqlalchemy.exc import SQLAlchemyError
 
 from einsora.api import models as m
 from einsora.api.store import Store
-from einsora.common import lifecycle
+from einsora.common import lifecycle, telemetry
 from einsora.common.bus import message_headers, names
 from einsora.common.errors import BusUnavailable
 from einsora.common.schemas import WorkloadIntent, WorkloadState, utcnow
@@ -63,7 +64,8 @@ def _awaiting_subjects() -> sa.Select[str]:
     """The intent subjects of the workloads waiting on an intent (`names.intent_subject`,
     spelled in SQL so prune needs no list of them)."""
     w = m.workloads.c
-    return sa.select(sa.literal("intent.") + w.region + sa.literal(".workload.") + w.id).where(
+    region = sa.func.coalesce(w.current_region, w.region)  # where its intents go (ADR-0022)
+    return sa.select(sa.literal("intent.") + region + sa.literal(".workload.") + w.id).where(
         w.state.in_(sorted(s.value for s in AWAITING_INTENT))
     )
 
@@ -81,6 +83,31 @@ _UNSENT = (
     .order_by(m.outbox.c.id)
     .limit(sa.bindparam("batch"))
 )
+
+
+def _publish_spans(rows: Sequence[Any]) -> list[Span]:
+    """One producer span per intent, in its request's trace (tracing on only)."""
+    tracer = telemetry.tracer("einsora.api")
+    return [
+        telemetry.start_span(
+            tracer,
+            "outbox publish intent",
+            parent=row.traceparent,
+            request_id=row.request_id,
+            kind=SpanKind.PRODUCER,
+            attributes={"messaging.system": "nats", "messaging.destination.name": row.subject},
+        )
+        for row in rows
+    ]
+
+
+def _end_spans(spans: list[Span], acks: Sequence[PubAck | BaseException]) -> None:
+    for span, ack in zip(spans, acks, strict=False):
+        if isinstance(ack, BaseException):
+            span.set_status(StatusCode.ERROR, repr(ack))
+        span.end()
+    for span in spans[len(acks) :]:
+        span.end()
 
 
 class OutboxRelay:
@@ -161,10 +188,14 @@ class OutboxRelay:
             if not self._nc.is_connected:
                 raise BusUnavailable("not connected to NATS")
             futures: list[asyncio.Future[PubAck]] = []
+            spans = _publish_spans(rows) if telemetry.ON else None
             try:
-                for row in rows:
+                for i, row in enumerate(rows):
+                    traceparent = row.traceparent
+                    if spans is not None:
+                        traceparent = telemetry.traceparent_of(spans[i]) or traceparent
                     headers = message_headers(
-                        request_id=row.request_id, msg_id=row.intent_id, traceparent=row.traceparent
+                        request_id=row.request_id, msg_id=row.intent_id, traceparent=traceparent
                     )
                     futures.append(
                         await self._js.publish_async(
@@ -174,11 +205,16 @@ class OutboxRelay:
             except BaseException:
                 for future in futures:
                     future.cancel()  # their rows stay unsent and go out again, de-duplicated
+                if spans is not None:
+                    for span in spans:
+                        span.end()
                 raise
             acks = await asyncio.gather(
                 *(asyncio.wait_for(f, self._ack_timeout_s) for f in futures),
                 return_exceptions=True,
             )
+            if spans is not None:
+                _end_spans(spans, acks)
             # Only the rows before the first failure count as sent, so a retry keeps the order
             # (JetStream drops any later row it already stored, by its Nats-Msg-Id).
             sent = 0

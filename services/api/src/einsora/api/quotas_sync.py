@@ -26,14 +26,13 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
-from nats.js.kv import KV_DEL, KV_PURGE
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
 from einsora.api.errors import Unavailable
 from einsora.api.services.quotas import every_published, published
 from einsora.api.store import Store
-from einsora.common.bus import bind_bucket, names
+from einsora.common.bus import KeyState, bind_bucket, names, read_bucket
 from einsora.common.errors import BusUnavailable
 from einsora.common.schemas import TenantQuota, TenantUsage
 
@@ -61,13 +60,6 @@ _WRONG_LAST_SEQUENCE = (10071, 10164)
 """JetStream's codes for a conditional write whose expected revision is not the subject's."""
 
 _FAILURES = (BusUnavailable, nats.errors.Error, OSError, TimeoutError, SQLAlchemyError)
-
-
-@dataclass(frozen=True)
-class _Entry:
-    revision: int
-    value: bytes | None
-    """None: a delete marker."""
 
 
 @dataclass(frozen=True)
@@ -157,10 +149,10 @@ class QuotasSync:
         key = names.tenant_quota_key(tenant_id)
         try:
             current = await self._kv.get(key)
-            entry = _Entry(current.revision or 0, current.value or b"")
+            entry = KeyState(current.revision or 0, current.value or b"")
         except KeyNotFoundError as exc:  # never written (0), or a delete marker's revision
             revision = exc.entry.revision if exc.entry is not None else 0
-            entry = _Entry(revision or 0, None)
+            entry = KeyState(revision or 0, None)
         quota = await published(self._store, tenant_id)  # the bucket before the store
         if quota is None:
             if entry.value is None:
@@ -253,22 +245,9 @@ class QuotasSync:
             )
         return report
 
-    async def _read_bucket(self) -> dict[str, _Entry]:
+    async def _read_bucket(self) -> dict[str, KeyState]:
         """Every `quota.*` key with its revision and value (None: deleted)."""
-        watcher = await self._kv.watch(QUOTA_KEYS)
-        try:
-            entries: dict[str, _Entry] = {}
-            while True:
-                entry = await watcher.updates(timeout=READ_TIMEOUT_S)  # type: ignore[no-untyped-call]
-                if entry is None:  # nats-py's "initial values done" marker
-                    return entries
-                deleted = entry.operation in (KV_DEL, KV_PURGE)
-                entries[entry.key] = _Entry(
-                    entry.revision or 0, None if deleted else (entry.value or b"")
-                )
-        finally:
-            with contextlib.suppress(*_FAILURES):
-                await watcher.stop()  # type: ignore[no-untyped-call]
+        return await read_bucket(self._kv, QUOTA_KEYS, timeout_s=READ_TIMEOUT_S)
 
 
 async def _written(write: Awaitable[object]) -> bool:
@@ -284,7 +263,7 @@ async def _written(write: Awaitable[object]) -> bool:
     return True
 
 
-def _holds(entry: _Entry, quota: TenantQuota) -> bool:
+def _holds(entry: KeyState, quota: TenantQuota) -> bool:
     """Whether a bucket entry is this quota as the scheduler should read it."""
     if entry.value is None:
         return False

@@ -1,7 +1,8 @@
 """ApiService: the control API as one service, the way Solo and `einsora api` run it.
 
-`start()` applies the migrations, makes the owner on the first start, connects to NATS and
-provisions it, starts the timeline consumer, the machines view, the outbox relay and
+`start()` applies the migrations, makes the owner on the first start (with a one-time sign-in
+link to the dashboard), connects to NATS and provisions it, starts the timeline consumer, the
+gateway keys' last use (`key_use.py`), the machines view, the outbox relay and
 anti-entropy (which provisions again if NATS comes back empty, and republishes lost intents;
 ADR-0011), the gateway keys sync (KV `gateway_keys` equal to the store's live keys), the
 tenant quotas sync (the `quota.*` keys of KV `usage` equal to the store's quotas), the
@@ -36,19 +37,23 @@ from einsora.api.bus_auth import MachineBusAuth
 from einsora.api.context import ApiContext
 from einsora.api.enrolments_sync import EnrolmentsSync
 from einsora.api.gateway_keys_sync import GatewayKeysSync
+from einsora.api.key_use import KeyUseConsumer
 from einsora.api.machines import MachinesView
 from einsora.api.metrics import ApiMetrics, metrics_app
 from einsora.api.middleware import edge_protocol
+from einsora.api.model_fallbacks_sync import ModelFallbacksSync
 from einsora.api.outbox import OutboxRelay
 from einsora.api.quotas_sync import QuotasSync
 from einsora.api.redeemer import TicketRedeemer
+from einsora.api.regions import RegionsView
 from einsora.api.revocations import Revocations
 from einsora.api.services.activity import PURGE_PERIOD_S, ActivityRetention
+from einsora.api.services.sign_in_links import mint_owner_link
 from einsora.api.services.usage import Accounting
 from einsora.api.store import Store
 from einsora.api.streams import EventStreams
 from einsora.api.timeline import TimelineConsumer
-from einsora.common.bus import connect_as, identities, provision, tls_trusting
+from einsora.common.bus import close_quietly, connect_as, identities, provision, tls_trusting
 from einsora.common.bus.provision import ALL_BUT_ROUTES
 from einsora.common.catalog import Catalog
 from einsora.common.errors import PortInUse
@@ -95,10 +100,14 @@ class ApiService:
         """The port it listens on once started (the chosen one when asked for port 0)."""
         self.owner_token_created: str | None = None
         """The owner's token secret when this start made the owner, else None."""
+        self.owner_sign_in_path: str | None = None
+        """The owner's one-time sign-in link (a path on the dashboard's origin, the code in its
+        fragment) when this start made the owner, else None."""
         self.store: Store | None = None
         self.nc: NATS | None = None
         self.relay: OutboxRelay | None = None
         self._timeline: TimelineConsumer | None = None
+        self._key_use: KeyUseConsumer | None = None
         self._anti_entropy_period_s = anti_entropy_period_s
         self.anti_entropy: AntiEntropy | None = None
         self.gateway_keys: GatewayKeysSync | None = None
@@ -107,12 +116,15 @@ class ApiService:
         """Keeps the `quota.*` keys of KV `usage` equal to the tenants' quotas (once started)."""
         self.enrolments: EnrolmentsSync | None = None
         """Keeps KV `enrolments` equal to the store's machines (once started)."""
+        self.model_fallbacks: ModelFallbacksSync | None = None
+        """Keeps KV `model_fallbacks` equal to the live endpoints' model steps (ADR-0022)."""
         self._activity_purge_period_s = activity_purge_period_s
         self.activity_retention: ActivityRetention | None = None
         """Purges the activity log's entries past their retention (once started)."""
         self.bus_auth: MachineBusAuth | None = None
         """The auth callout for machines' credentials, where the server runs one."""
         self._machines = MachinesView()
+        self._regions = RegionsView()
         self.streams: EventStreams | None = None
         """The open event streams (SSE) of this replica (once started)."""
         self._server: _Server | None = None
@@ -137,6 +149,10 @@ class ApiService:
             self.store = Store(self.settings.effective_database_url)
             await self.store.migrate()
             self.owner_token_created = await ensure_owner(self.store, self.settings.data_dir)
+            if self.owner_token_created is not None:
+                # The owner's first way into the dashboard: a one-time link (ADR-0019).
+                link = await mint_owner_link(self.store, self._now())
+                self.owner_sign_in_path = None if link is None else link.path
             self.nc = await connect_as(
                 self.settings.effective_nats_url,
                 identities.API,
@@ -144,11 +160,14 @@ class ApiService:
                 tls=tls_trusting(self.settings.nats_tls_cert),
             )
             js = self.nc.jetstream()
-            await provision(js, only=ALL_BUT_ROUTES)
+            await provision(js, replicas=self.settings.nats_replicas, only=ALL_BUT_ROUTES)
             metrics = ApiMetrics()
             self._timeline = TimelineConsumer(self.store, js, registry=metrics.registry)
             await self._timeline.start()
+            self._key_use = KeyUseConsumer(self.store, js, registry=metrics.registry)
+            await self._key_use.start()
             await self._machines.start(self.nc, js)
+            await self._regions.start(self.nc, js)
             self.relay = OutboxRelay(self.store, self.nc, js)
             await self.relay.start()
             self.anti_entropy = AntiEntropy(
@@ -157,14 +176,17 @@ class ApiService:
                 js,
                 timeline=self._timeline,
                 period_s=self._anti_entropy_period_s,
+                replicas=self.settings.nats_replicas,
             )
             await self.anti_entropy.start()
             self.gateway_keys = GatewayKeysSync(self.store, self.nc, js, clock=self._now)
             await self.gateway_keys.start()
             self.quotas = QuotasSync(self.store, self.nc, js)
             await self.quotas.start()
-            self.enrolments = EnrolmentsSync(self.store, self.nc, js)
+            self.enrolments = EnrolmentsSync(self.store, self.nc, js, view=self._machines)
             await self.enrolments.start()
+            self.model_fallbacks = ModelFallbacksSync(self.store, self.nc, js)
+            await self.model_fallbacks.start()
             self.activity_retention = ActivityRetention(
                 self.store,
                 retention_days=self.settings.activity_retention_days,
@@ -191,11 +213,13 @@ class ApiService:
                 store=self.store,
                 catalog=self.catalog,
                 machines=self._machines,
+                regions=self._regions,
                 bus_connected=lambda: nc.is_connected,
                 clock=self._now,
                 metrics=metrics,
                 tokens=tokens,
                 revocations=self._revocations,
+                model_fallbacks=self.model_fallbacks,
             )
             await self._serve_metrics(ctx.metrics)
             app = create_app(ctx)
@@ -237,7 +261,7 @@ class ApiService:
 
     async def _serve_metrics(self, metrics: ApiMetrics) -> None:
         """Prometheus /metrics on a port of its own (loopback by default), when one is set."""
-        port, host = self.settings.api_metrics_port, self.settings.api_metrics_host
+        port, host = self.settings.api_metrics_port, self.settings.metrics_host
         if port is None:
             return
         try:
@@ -290,6 +314,9 @@ class ApiService:
         if self.enrolments is not None:
             await self.enrolments.stop()
             self.enrolments = None
+        if self.model_fallbacks is not None:
+            await self.model_fallbacks.stop()
+            self.model_fallbacks = None
         if self.quotas is not None:
             await self.quotas.stop()
             self.quotas = None
@@ -303,13 +330,15 @@ class ApiService:
             await self.relay.stop()
             self.relay = None
         await self._machines.stop()
+        await self._regions.stop()
         if self._timeline is not None:
             await self._timeline.stop()
             self._timeline = None
-        if self.nc is not None:
-            with contextlib.suppress(Exception):
-                await self.nc.close()
-            self.nc = None
+        if self._key_use is not None:
+            await self._key_use.stop()
+            self._key_use = None
+        await close_quietly(self.nc)
+        self.nc = None
         if self.store is not None:
             await self.store.close()
             self.store = None

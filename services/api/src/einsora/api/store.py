@@ -255,6 +255,14 @@ def insert_ignore(
     return bool(result.rowcount == 1)
 
 
+def insert_all_ignoring(
+    conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]], *, keys: list[str]
+) -> None:
+    """Insert each row (one statement for all: the driver's executemany) unless one with the
+    same `keys` exists, as `insert_ignore` does for one. Rows must all name the same columns."""
+    conn.execute(_insert_ignoring(conn.dialect.name, table, tuple(keys)), rows)
+
+
 @functools.cache
 def _insert_ignoring(dialect_name: str, table: sa.Table, keys: tuple[str, ...]) -> Any:
     """One statement per table and keys (parameters apart), so it is compiled once."""

@@ -28,6 +28,7 @@ from einsora.api.service import ApiService
 from einsora.common.bus import bind_bucket, names
 from einsora.common.schemas import Enrolment
 from einsora.common.settings import Settings
+from einsora.common.sites import DASHBOARD_COOKIE
 
 
 @dataclass
@@ -99,6 +100,63 @@ class Client:
 
     async def delete(self, path: str) -> Answer:
         return await self.call("DELETE", path)
+
+
+MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class SessionClient(Client):
+    """JSON over HTTP as the dashboard in a browser: the session cookie, the dashboard's own
+    `Origin` on changes, and the session's CSRF token with them (each of which a test may
+    leave out or replace through `headers`)."""
+
+    def __init__(
+        self, session: aiohttp.ClientSession, base_url: str, cookie: str, csrf: str
+    ) -> None:
+        super().__init__(session, base_url, None)
+        self.cookie = cookie
+        self.csrf = csrf
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        json: Any = None,
+        *,
+        data: bytes | BinaryIO | None = None,
+        headers: Mapping[str, str] | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> Answer:
+        sent = {"Cookie": f"{DASHBOARD_COOKIE}={self.cookie}"}
+        if method in MUTATING:
+            sent.update({"Origin": self.base_url, "X-CSRF-Token": self.csrf})
+        sent.update(headers or {})
+        return await super().call(method, path, json, data=data, headers=sent, params=params)
+
+
+def session_cookie_of(answer: Answer) -> str:
+    """The session cookie an answer sets (its value)."""
+    header = answer.headers["Set-Cookie"]
+    name, _, rest = header.partition("=")
+    assert name == DASHBOARD_COOKIE, header
+    return rest.split(";", 1)[0]
+
+
+async def sign_in(client: Client, path: str, body: Any) -> tuple[SessionClient, Answer]:
+    """Begin a session at `path` (`/v1/sessions`, `/v1/sessions/link`, …) as the dashboard
+    does: a client with its cookie and CSRF token, and the answer."""
+    answer = await client.post(path, body, headers={"Origin": client.base_url})
+    if answer.status != 201:
+        raise AssertionError(f"sign-in refused: {answer.status} {answer.text}")
+    signed_in = SessionClient(
+        client.session, client.base_url, session_cookie_of(answer), answer.body["csrf_token"]
+    )
+    return signed_in, answer
+
+
+def link_code(path: str) -> str:
+    """The code of a sign-in link's path (`/sign-in#link=sil_…`)."""
+    return path.rpartition("link=")[2]
 
 
 @dataclass

@@ -15,13 +15,15 @@ from collections.abc import Sequence
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
+from opentelemetry.trace import Span, SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
 from einsora.api.services.timeline import apply_events
 from einsora.api.store import Store
-from einsora.common.bus import DurableConsumer, names, request_id_of
+from einsora.common import telemetry
+from einsora.common.bus import DurableConsumer, names, request_id_of, traceparent_of
 from einsora.common.errors import EinsoraError
 from einsora.common.schemas import WorkloadEvent, what_is_wrong
 
@@ -75,10 +77,43 @@ class TimelineConsumer:
 
     async def _apply(self, msgs: Sequence[Msg]) -> None:
         events = [(_event_of(msg), request_id_of(msg.headers)) for msg in msgs]
+        spans = _write_spans(msgs, events) if telemetry.ON else None
         try:
             await apply_events(self._store, events)
         except SQLAlchemyError as exc:
+            if spans is not None:
+                _end(spans, exc)
             raise EinsoraError(f"store unavailable: {exc!r}", retryable=True) from exc
+        if spans is not None:
+            _end(spans, None)
+
+
+def _write_spans(
+    msgs: Sequence[Msg], events: Sequence[tuple[WorkloadEvent, str | None]]
+) -> list[Span]:
+    """One span per event written, in the trace its message carries (tracing on only)."""
+    tracer = telemetry.tracer("einsora.api")
+    return [
+        telemetry.start_span(
+            tracer,
+            "timeline write",
+            parent=traceparent_of(msg.headers),
+            request_id=request_id,
+            kind=SpanKind.CONSUMER,
+            attributes={
+                "einsora.workload_id": event.workload_id,
+                "einsora.event": f"{event.kind.value} {event.state.value}",
+            },
+        )
+        for msg, (event, request_id) in zip(msgs, events, strict=True)
+    ]
+
+
+def _end(spans: list[Span], error: BaseException | None) -> None:
+    for span in spans:
+        if error is not None:
+            span.set_status(StatusCode.ERROR, repr(error))
+        span.end()
 
 
 def _event_of(msg: Msg) -> WorkloadEvent:

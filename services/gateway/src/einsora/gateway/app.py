@@ -12,15 +12,16 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from opentelemetry import trace
 
-from einsora.common import logs
+from einsora.common import logs, telemetry
 from einsora.common.ids import new_id
-from einsora.common.schemas import CountSource
+from einsora.common.schemas import CountSource, Route
 from einsora.gateway.counting import Api, Count, Counter, answers_per_request
 from einsora.gateway.errors import (
     RATE_LIMIT,
@@ -30,6 +31,7 @@ from einsora.gateway.errors import (
     invalid_key,
     model_not_found,
 )
+from einsora.gateway.fallbacks import ModelFallbacks
 from einsora.gateway.forward import Forwarder, Outcome
 from einsora.gateway.keys import Key, KeyTable
 from einsora.gateway.limits import LimitBook, LimitsUnavailable, Refusal, Reservation
@@ -48,6 +50,8 @@ _LENGTH_FIELDS = {
 }
 """The fields that bound an answer's length, by API."""
 PATHS = ("/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+FALLBACK_HEADER = "X-Einsora-Fallback-Model"
+"""On an answer from a model the asked one falls back to (ADR-0022): which model answered."""
 
 
 @dataclass
@@ -61,17 +65,21 @@ class GatewayState:
     forwarder: Forwarder
     usage: UsagePublisher
     clock: Callable[[], float]
+    fallbacks: ModelFallbacks = field(default_factory=ModelFallbacks)
+    """Endpoints' model fallbacks (ADR-0022)."""
 
 
 STATE = web.AppKey("state", GatewayState)
 
 
 def request_id_of(request: web.Request) -> str:
-    """The client's `X-Request-ID` when it is a sane token, else a new one."""
+    """The client's `X-Request-ID` when it is a sane token, else a new one; named on the
+    request's server span while tracing is on."""
     incoming = request.headers.get("X-Request-ID")
-    if incoming and _REQUEST_ID.match(incoming):
-        return incoming
-    return new_id("request")
+    request_id = incoming if incoming and _REQUEST_ID.match(incoming) else new_id("request")
+    if telemetry.ON:
+        trace.get_current_span().set_attribute(telemetry.REQUEST_ID_ATTRIBUTE, request_id)
+    return request_id
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -151,9 +159,19 @@ async def _serve(request: web.Request, api: Api, request_id: str) -> web.StreamR
             param="model",
         )
     tenant = key.value.tenant_id
-    replicas = state.models.replicas(tenant, model) if key.may_use(model) else ()
-    if not replicas:
+    if not key.may_use(model):
         return model_not_found(model, request_id)
+    # The model's replicas, then its endpoint's model fallbacks' in order (ADR-0022), each
+    # only if the key may use it: tried until one answers.
+    candidates = [(model, state.models.replicas(tenant, model))] + [
+        (other, state.models.replicas(tenant, other))
+        for other in state.fallbacks.of(tenant, model)
+        if key.may_use(other)
+    ]
+    candidates = [(m, r) for m, r in candidates if r]
+    if not candidates:
+        return model_not_found(model, request_id)
+    replicas = candidates[0][1]
     # Bound once the tenant is known: nothing before this point logs.
     with logs.bind(request_id=request_id, tenant=tenant, subject=model):
         changed = False
@@ -189,12 +207,6 @@ async def _serve(request: web.Request, api: Api, request_id: str) -> web.StreamR
                     "include_usage": True,
                 }
                 drop_usage = changed = True
-        if replicas[0].runtime == "mlx":
-            # mlx-lm's server loads whatever `model` names (a path or a Hub repo); its own
-            # model, the one it was started with, is "default_model".
-            body["model"] = "default_model"
-            changed = True
-        payload = json.dumps(body, separators=_JSON_SEPARATORS).encode() if changed else raw
         prompt: Count | None = None
         reservation: Reservation | None = None
         if key.limited:
@@ -205,16 +217,43 @@ async def _serve(request: web.Request, api: Api, request_id: str) -> web.StreamR
                 return admitted
             reservation = admitted
         at = state.clock()
+        outcome: Outcome | None = None
         try:
-            outcome = await state.forwarder.forward(
-                request, request_id, api, replicas, payload, stream=stream, drop_usage=drop_usage
-            )
+            for served, served_replicas in candidates:
+                payload = _payload(body, raw, changed, served, served_replicas)
+                outcome = await state.forwarder.forward(
+                    request,
+                    request_id,
+                    api,
+                    served_replicas,
+                    payload,
+                    stream=stream,
+                    drop_usage=drop_usage,
+                    headers=None if served == model else {FALLBACK_HEADER: served},
+                )
+                if outcome.answered:
+                    break
+                if served != candidates[-1][0]:
+                    log.info("no replica answered; trying the model's fallback")
         except BaseException:
             if reservation is not None:
                 state.limits.settle(reservation, 0)
             raise
+        assert outcome is not None  # there was a candidate
         await _account(state, key, model, api, body, request_id, at, outcome, prompt, reservation)
         return outcome.response
+
+
+def _payload(
+    body: dict[str, Any], raw: bytes, changed: bool, model: str, replicas: tuple[Route, ...]
+) -> bytes:
+    """The request as sent to `model`'s replicas: as the client sent it when nothing changed."""
+    # mlx-lm's server loads whatever `model` names (a path or a Hub repo); its own model, the
+    # one it was started with, is "default_model".
+    name = "default_model" if replicas[0].runtime == "mlx" else model
+    if name == body.get("model") and not changed:
+        return raw
+    return json.dumps({**body, "model": name}, separators=_JSON_SEPARATORS).encode()
 
 
 async def _admit(
@@ -328,8 +367,8 @@ async def not_found(request: web.Request) -> web.Response:
     )
 
 
-def create_app(state: GatewayState) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY)
+def create_app(state: GatewayState, middlewares: Sequence[Any] = ()) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY, middlewares=list(middlewares))
     app[STATE] = state
     app.router.add_get("/v1/models", list_models)
     for api in Api:

@@ -30,6 +30,9 @@ def run(args: argparse.Namespace) -> int:
     overrides = {"nats_url": args.nats, "gateway_port": args.port, "data_dir": args.data_dir}
     settings = settings_from(overrides)
     logs.configure_from(settings, args.log_level, args.log_format)
+    from einsora.common import telemetry
+
+    telemetry.configure("einsora-gateway")
     service = GatewayService(settings)
     return runloop.run(serve_until_signalled(service, on_started=lambda: _ready(service)))
 

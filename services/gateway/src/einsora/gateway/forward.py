@@ -17,7 +17,7 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -99,7 +99,10 @@ class Forwarder:
         *,
         stream: bool,
         drop_usage: bool,
+        headers: Mapping[str, str] | None = None,
     ) -> Outcome:
+        """`headers`: added to the answer a replica gives (a fallback model's name, say)."""
+        extra = dict(headers or {})
         tried: Route | None = None
         failed_status: int | None = None
         tunnel_down: str | None = None
@@ -127,12 +130,12 @@ class Forwarder:
                     continue
                 if stream and upstream.status == 200 and _is_event_stream(upstream):
                     outcome = await self._pass_stream(
-                        request, request_id, api, route, upstream, drop_usage
+                        request, request_id, api, route, upstream, drop_usage, extra
                     )
                     if outcome is None:
                         continue  # cut before the first event: nothing reached the client
                     return outcome
-                return await self._pass_whole(request_id, api, route, upstream)
+                return await self._pass_whole(request_id, api, route, upstream, extra)
             except UPSTREAM_FAILURES as exc:
                 self._failed(route, exc)
                 continue
@@ -158,7 +161,12 @@ class Forwarder:
         )
 
     async def _pass_whole(
-        self, request_id: str, api: Api, route: Route, upstream: aiohttp.ClientResponse
+        self,
+        request_id: str,
+        api: Api,
+        route: Route,
+        upstream: aiohttp.ClientResponse,
+        extra: dict[str, str],
     ) -> Outcome:
         body = await upstream.read()
         usage: Usage | None = None
@@ -178,6 +186,7 @@ class Forwarder:
             headers={
                 "Content-Type": upstream.headers.get("Content-Type", "application/json"),
                 "X-Request-ID": request_id,
+                **extra,
             },
         )
         return Outcome(response, route, upstream.status, True, usage, text)
@@ -190,6 +199,7 @@ class Forwarder:
         route: Route,
         upstream: aiohttp.ClientResponse,
         drop_usage: bool,
+        extra: dict[str, str],
     ) -> Outcome | None:
         """Pass a stream on as it comes; None if it failed before anything reached the client."""
         splitter = EventSplitter()
@@ -224,6 +234,7 @@ class Forwarder:
                             ),
                             "Cache-Control": "no-cache",
                             "X-Request-ID": request_id,
+                            **extra,
                         },
                     )
                     await response.prepare(request)
@@ -236,7 +247,11 @@ class Forwarder:
             # A stream that ended with no event at all: answer it as the (empty) stream it was.
             response = web.StreamResponse(
                 status=200,
-                headers={"Content-Type": "text/event-stream", "X-Request-ID": request_id},
+                headers={
+                    "Content-Type": "text/event-stream",
+                    "X-Request-ID": request_id,
+                    **extra,
+                },
             )
             await response.prepare(request)
         if status == CUT:

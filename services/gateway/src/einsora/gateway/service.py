@@ -3,28 +3,36 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 from nats.aio.client import Client as NATS
 
-from einsora.common.bus import connect_as, identities, names, provision, tls_trusting
+from einsora.common.aiohttp_edge import (
+    client_trace_configs,
+    counting_middleware,
+    tracing_middlewares,
+)
+from einsora.common.bus import close_quietly, connect_as, identities, names, provision, tls_trusting
 from einsora.common.errors import PortInUse
 from einsora.common.http_guard import GuardedAppRunner
+from einsora.common.metrics import MetricsServer, serve
 from einsora.common.settings import Settings
 from einsora.common.tunnel_clients import TunnelClients
 from einsora.gateway.app import GatewayState, create_app
 from einsora.gateway.balance import Balancer
 from einsora.gateway.counting import Counter
 from einsora.gateway.errors import INVALID_REQUEST, SERVER, error_response
+from einsora.gateway.fallbacks import ModelFallbacks
 from einsora.gateway.forward import Forwarder
 from einsora.gateway.keys import KeyTable
 from einsora.gateway.limits import LimitBook
+from einsora.gateway.metrics import GatewayMetrics, api_of
 from einsora.gateway.routes import ModelTable
 from einsora.gateway.usage import UsagePublisher
 
@@ -55,9 +63,17 @@ class GatewayService:
         self._runner: web.AppRunner | None = None
         self.keys = KeyTable(self._clock)
         self.models = ModelTable()
+        self.fallbacks = ModelFallbacks()
         self._limits: LimitBook | None = None
         self.usage: UsagePublisher | None = None
         self.port: int = settings.gateway_port
+        self.metrics = GatewayMetrics(lambda: self.usage.pending if self.usage else 0)
+        self._metrics_server: MetricsServer | None = None
+
+    @property
+    def metrics_port(self) -> int | None:
+        """Where /metrics listens once started, when `gateway_metrics_port` is set."""
+        return None if self._metrics_server is None else self._metrics_server.port
 
     async def start(self) -> None:
         self._nc = await connect_as(
@@ -67,17 +83,21 @@ class GatewayService:
             tls=tls_trusting(self._settings.nats_tls_cert),
         )
         js = self._nc.jetstream()
-        await provision(js, only=(names.GATEWAY_LIMITS.stream,))
+        await provision(
+            js, replicas=self._settings.nats_replicas, only=(names.GATEWAY_LIMITS.stream,)
+        )
         await self.keys.start(self._nc, js, sync_timeout_s=SYNC_TIMEOUT_S)
         await self.models.start(self._nc, js, sync_timeout_s=SYNC_TIMEOUT_S)
+        await self.fallbacks.start(self._nc, js, sync_timeout_s=SYNC_TIMEOUT_S)
         self._limits = LimitBook(self._nc.jetstream(timeout=LIMITS_TIMEOUT_S), self._clock)
-        self.usage = UsagePublisher(js)
+        self.usage = UsagePublisher(js, on_record=self.metrics.counted)
         self.usage.start()
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_S, sock_read=READ_S)
         self._client = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
             timeout=timeout,
             cookie_jar=aiohttp.DummyCookieJar(),
+            trace_configs=client_trace_configs(),
         )
         # The proxy's tunnel hub serves these sockets on this host (ADR-0015).
         self._tunnels = TunnelClients(self._settings.effective_tunnel_sockets_dir, timeout)
@@ -89,15 +109,23 @@ class GatewayService:
             forwarder=Forwarder(self._client, Balancer(), self._tunnels),
             usage=self.usage,
             clock=self._clock,
+            fallbacks=self.fallbacks,
         )
         # Guarded: a request that fails is answered and logged without quoting its bytes.
         self._runner = GuardedAppRunner(
-            create_app(state),
+            create_app(state, middlewares=gateway_middlewares(self.metrics)),
             answer=_error_answer,
             what="gateway",
             logger="einsora.gateway.http",
             access_log=None,
             shutdown_timeout=5.0,
+        )
+        self._metrics_server = serve(
+            self.metrics.registry,
+            host=self._settings.metrics_host,
+            port=self._settings.gateway_metrics_port,
+            service="gateway",
+            setting="EINSORA_GATEWAY_METRICS_PORT",
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._settings.bind_host, self._settings.gateway_port)
@@ -117,6 +145,9 @@ class GatewayService:
         log.info("gateway serving", extra={"port": self.port})
 
     async def stop(self) -> None:
+        server, self._metrics_server = self._metrics_server, None
+        if server is not None:
+            server.stop()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -127,17 +158,21 @@ class GatewayService:
             self._limits = None
         await self.keys.stop()
         await self.models.stop()
+        await self.fallbacks.stop()
         if self._client is not None:
             await self._client.close()
             self._client = None
         if self._tunnels is not None:
             await self._tunnels.close()
             self._tunnels = None
-        if self._nc is not None:
-            with contextlib.suppress(Exception):
-                await self._nc.close()
-            self._nc = None
+        await close_quietly(self._nc)
+        self._nc = None
         await asyncio.sleep(0)
+
+
+def gateway_middlewares(metrics: GatewayMetrics) -> list[Any]:
+    """Tracing (when on), then the requests' count."""
+    return [*tracing_middlewares(), counting_middleware(metrics.requests, api_of)]
 
 
 def _error_answer(status: int, text: str, request_id: str) -> web.StreamResponse:

@@ -25,7 +25,14 @@ from nats.js.errors import KeyNotFoundError
 
 from einsora.common.bus import names
 from einsora.common.ids import new_id
-from einsora.common.schemas import GatewayKey, Route, SimEndpoint, TokenUsage, WorkloadKind
+from einsora.common.schemas import (
+    GatewayKey,
+    ModelFallback,
+    Route,
+    SimEndpoint,
+    TokenUsage,
+    WorkloadKind,
+)
 from einsora.common.settings import Settings
 from einsora.common.testing import until
 from einsora.gateway.service import GatewayService
@@ -143,6 +150,20 @@ class Harness:
             what="the gateways route to the new replica",
         )
         return route
+
+    async def model_fallback(self, model: str, fallback: list[str]) -> None:
+        """Publish the endpoint `model`'s model fallbacks (the api's part, ADR-0022)."""
+        record = ModelFallback(
+            workload_id=new_id("workload"), tenant_id=self.tenant, model=model, fallback=fallback
+        )
+        kv = await self.js.key_value(names.MODEL_FALLBACKS.name)
+        await kv.put(names.model_fallback_key(record.workload_id), record.to_bytes())
+        await until(
+            lambda: all(
+                g.fallbacks.of(self.tenant, model) == tuple(fallback) for g in self.gateways
+            ),
+            what="the gateways know the model's fallbacks",
+        )
 
     async def unroute(self, route: Route) -> None:
         kv = await self.js.key_value(names.ROUTES.name)

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -23,6 +24,7 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
 from einsora.common.bus import message_headers, names
+from einsora.common.runloop import raise_if_cancelled
 from einsora.common.schemas import CountSource, TokenUsage
 
 log = logging.getLogger("einsora.gateway.usage")
@@ -73,8 +75,15 @@ class UsageRecord:
 class UsagePublisher:
     """A queue of usage records and the task that publishes them until acknowledged."""
 
-    def __init__(self, js: JetStreamContext, *, ack_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        *,
+        ack_timeout_s: float = 5.0,
+        on_record: Callable[[UsageRecord], None] | None = None,
+    ) -> None:
         self._js = js
+        self._on_record = on_record
         self._ack_timeout_s = ack_timeout_s
         self._queue: deque[UsageRecord] = deque()
         self._wake = asyncio.Event()
@@ -89,6 +98,8 @@ class UsagePublisher:
 
     def put(self, record: UsageRecord) -> None:
         """Queue a record (returns at once)."""
+        if self._on_record is not None:
+            self._on_record(record)
         self._queue.append(record)
         self._idle.clear()
         self._wake.set()
@@ -112,6 +123,7 @@ class UsagePublisher:
 
     async def _run(self) -> None:
         while True:
+            raise_if_cancelled()
             if not self._queue:
                 self._idle.set()
                 self._wake.clear()

@@ -17,13 +17,17 @@ from urllib.parse import unquote
 import aiohttp
 from aiohttp import web
 from nats.aio.client import Client as NATS
+from opentelemetry import trace
 
-from einsora.common import logs
+from einsora.common import logs, telemetry
+from einsora.common.aiohttp_edge import counting_middleware, tracing_middlewares
 from einsora.common.bus import names
 from einsora.common.ids import new_id
 from einsora.common.schemas import AccessRedeemReply, AccessRedeemRequest, WorkloadKind
 from einsora.common.tunnel_clients import TunnelClients
+from einsora.proxy import vm_access
 from einsora.proxy.forward import forward_http, forward_websocket
+from einsora.proxy.metrics import ProxyMetrics, kind_of
 from einsora.proxy.routes import RouteTable
 from einsora.proxy.sessions import SessionStore
 from einsora.proxy.sites import DASHBOARD_COOKIE, ENTER_PATH, SiteConfig
@@ -46,6 +50,7 @@ class ProxyState:
     client: aiohttp.ClientSession
     tunnels: TunnelClients
     """Sessions for routes reached through a machine's tunnel (`Route.via_tunnel`)."""
+    metrics: ProxyMetrics | None = None
 
     @property
     def cookie_name(self) -> str:
@@ -85,6 +90,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     incoming = request.headers.get("X-Request-ID", "")
     request_id = incoming if _REQUEST_ID.match(incoming) else new_id("request")
+    if telemetry.ON:  # the server span of OpenTelemetry's aiohttp middleware
+        trace.get_current_span().set_attribute(telemetry.REQUEST_ID_ATTRIBUTE, request_id)
     workload_id = state.sites.workload_of(request.headers.get("Host"))
     with logs.bind(request_id=request_id, subject=workload_id):
         if not request.raw_path.startswith("/"):
@@ -104,9 +111,29 @@ async def handle(request: web.Request) -> web.StreamResponse:
             return plain_response(403, "Cross-site requests are refused.", request_id)
         drop = (state.cookie_name, DASHBOARD_COOKIE)
         try:
+            if route.kind is WorkloadKind.vm and vm_access.is_vm_path(request.path):
+                relay = route.model_copy(update={"port": route.ports.get("console", route.port)})
+                client = await state.tunnels.session(relay) if route.via_tunnel else state.client
+                return await vm_access.handle(
+                    request,
+                    route,
+                    client,
+                    state.tunnels.directory,
+                    session.closers.append,
+                    request_id,
+                )
+            if route.kind is WorkloadKind.vm and "http" not in route.ports:
+                return vm_access.no_web_ui(request_id)
             client = await state.tunnels.session(route) if route.via_tunnel else state.client
             if _is_websocket(request):
-                return await forward_websocket(request, client, route, drop, session.closers.append)
+                if state.metrics is None:
+                    return await forward_websocket(
+                        request, client, route, drop, session.closers.append
+                    )
+                with state.metrics.websockets.track_inprogress():
+                    return await forward_websocket(
+                        request, client, route, drop, session.closers.append
+                    )
             response = await forward_http(
                 request, client, route, state.sites.origin_of(workload_id), drop
             )
@@ -170,7 +197,9 @@ async def _enter(
         return plain_response(status, message, request_id)
     session_id = state.sessions.create(workload_id, reply.tenant_id, reply.user_id)
     log.info("ticket redeemed", extra={"tenant": reply.tenant_id})
-    default = "/lab" if kind is WorkloadKind.notebook else "/"
+    default = {WorkloadKind.notebook: "/lab", WorkloadKind.vm: _vm_default(state, workload_id)}.get(
+        kind, "/"
+    )
     response = web.Response(
         status=303,
         headers={
@@ -189,6 +218,12 @@ async def _enter(
         secure=state.sites.cookie_secure,
     )
     return response
+
+
+def _vm_default(state: ProxyState, workload_id: str) -> str:
+    """A VM opens at its web UI when it serves one, else at its console."""
+    route = state.routes.get(workload_id)
+    return "/" if route is not None and "http" in route.ports else vm_access.CONSOLE_PATH
 
 
 def _not_entered(method: str, request_id: str) -> web.Response:
@@ -214,7 +249,12 @@ async def _redeem(nc: NATS, ticket: str, workload_id: str, request_id: str) -> A
 
 
 def create_app(state: ProxyState) -> web.Application:
-    app = web.Application(client_max_size=0, handler_args={"max_field_size": 16384})
+    middlewares = tracing_middlewares()
+    if state.metrics is not None:
+        middlewares.append(counting_middleware(state.metrics.requests, kind_of))
+    app = web.Application(
+        client_max_size=0, handler_args={"max_field_size": 16384}, middlewares=middlewares
+    )
     app[STATE] = state
     app.router.add_route("*", "/{tail:.*}", handle)
     return app

@@ -42,5 +42,8 @@ def run(args: argparse.Namespace) -> int:
     }
     settings = settings_from(overrides)
     logs.configure_from(settings, args.log_level, args.log_format)
+    from einsora.common import telemetry
+
+    telemetry.configure("einsora-proxy")
     service = ProxyService(settings)
     return runloop.run(serve_until_signalled(service))

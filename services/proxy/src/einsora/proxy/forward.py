@@ -205,12 +205,18 @@ async def forward_websocket(
     route: Route,
     drop_cookies: Iterable[str],
     register_closer: object,
+    *,
+    authorization: str | None = None,
 ) -> web.WebSocketResponse:
+    """`authorization`: an `Authorization` header of the proxy's own to send upstream (a VM's
+    console relay wants the workload's token)."""
     url = "ws" + upstream_base(route)[4:] + upstream_path(request)
     protocols = [
         p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()
     ]
     headers = upstream_headers(request, route, drop_cookies)
+    if authorization is not None:
+        headers["Authorization"] = authorization
     upstream = await client.ws_connect(
         url, headers=headers, protocols=protocols, autoping=False, max_msg_size=0
     )

@@ -36,12 +36,12 @@ class RouteTable:
     def get(self, workload_id: str) -> Route | None:
         return self._routes.get(workload_id)
 
-    async def start(self, nc: NATS, js: JetStreamContext) -> None:
+    async def start(self, nc: NATS, js: JetStreamContext, *, replicas: int = 1) -> None:
         """Load every route, then follow changes (returns once the routes are loaded)."""
 
         async def ensure() -> None:
             # A server restarted without its store has no bucket until someone provisions it.
-            await provision(js, only=(names.ROUTES.stream,))
+            await provision(js, replicas=replicas, only=(names.ROUTES.stream,))
 
         self._mirror = KvMirror(
             nc,

@@ -16,12 +16,23 @@ from aiohttp import web
 from nats.aio.client import Client as NATS
 from pydantic import ValidationError
 
-from einsora.common.bus import KvMirror, connect_as, identities, names, provision, tls_trusting
+from einsora.common.aiohttp_edge import client_trace_configs
+from einsora.common.bus import (
+    KvMirror,
+    close_quietly,
+    connect_as,
+    identities,
+    names,
+    provision,
+    tls_trusting,
+)
 from einsora.common.http_guard import GuardedAppRunner
+from einsora.common.metrics import MetricsServer, serve
 from einsora.common.schemas import Enrolment, Route
 from einsora.common.settings import Settings
 from einsora.common.tunnel_clients import TunnelClients
 from einsora.proxy.app import ProxyState, create_app, plain_response
+from einsora.proxy.metrics import ProxyMetrics
 from einsora.proxy.routes import AUDIT_S, RouteTable
 from einsora.proxy.sessions import Clock, SessionStore
 from einsora.proxy.sites import SiteConfig
@@ -38,7 +49,12 @@ class _Routes(RouteTable):
         self._on_changed = on_changed
 
     def tunnelled(self) -> set[Forward]:
-        return {(r.machine_id, r.port) for r in self._routes.values() if r.via_tunnel}
+        return {
+            (r.machine_id, port)
+            for r in self._routes.values()
+            if r.via_tunnel
+            for port in {r.port, *r.ports.values()}  # a VM's SSH and console too
+        }
 
     def _put(self, key: str, value: bytes) -> None:
         super()._put(key, value)
@@ -78,6 +94,13 @@ class ProxyService:
         self._enrolment_sync: asyncio.Task[None] | None = None
         self._tunnels: TunnelClients | None = None
         self.hub: TunnelHub | None = None
+        self.metrics = ProxyMetrics(lambda: len(self.sessions))
+        self._metrics_server: MetricsServer | None = None
+
+    @property
+    def metrics_port(self) -> int | None:
+        """Where /metrics listens once started, when `proxy_metrics_port` is set."""
+        return None if self._metrics_server is None else self._metrics_server.port
 
     async def start(self) -> None:
         self._nc = await connect_as(
@@ -87,7 +110,7 @@ class ProxyService:
             tls=tls_trusting(self._settings.nats_tls_cert),
         )
         js = self._nc.jetstream()
-        await provision(js, only=(names.ROUTES.stream,))
+        await provision(js, replicas=self._settings.nats_replicas, only=(names.ROUTES.stream,))
         data = self._settings.data_dir / "tunnel"
         routes = _Routes(on_removed=self.sessions.end_site, on_changed=self._routes_changed)
         self._routes = routes
@@ -99,7 +122,7 @@ class ProxyService:
             enrolments=lambda: self.enrolments,
             forwards=routes.tunnelled,
         )
-        await routes.start(self._nc, js)
+        await routes.start(self._nc, js, replicas=self._settings.nats_replicas)
         self._enrolment_mirror = KvMirror(
             self._nc,
             js,
@@ -119,10 +142,27 @@ class ProxyService:
             await self.stop()
             raise
         timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_read=None)
-        self._client = aiohttp.ClientSession(timeout=timeout, cookie_jar=aiohttp.DummyCookieJar())
+        self._client = aiohttp.ClientSession(
+            timeout=timeout,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            trace_configs=client_trace_configs(),
+        )
         self._tunnels = TunnelClients(self._settings.effective_tunnel_sockets_dir, timeout)
         state = ProxyState(
-            self.sites, self._routes, self.sessions, self._nc, self._client, self._tunnels
+            self.sites,
+            self._routes,
+            self.sessions,
+            self._nc,
+            self._client,
+            self._tunnels,
+            metrics=self.metrics,
+        )
+        self._metrics_server = serve(
+            self.metrics.registry,
+            host=self._settings.metrics_host,
+            port=self._settings.proxy_metrics_port,
+            service="proxy",
+            setting="EINSORA_PROXY_METRICS_PORT",
         )
         # Guarded: a request that fails is answered and logged without quoting its bytes.
         self._runner = GuardedAppRunner(
@@ -166,12 +206,20 @@ class ProxyService:
         """Where a workload answers, as this proxy knows it now (None: its site answers 404)."""
         return self._routes.get(workload_id) if self._routes is not None else None
 
+    def tunnelled_forwards(self) -> set[Forward]:
+        """The (machine, port) pairs the tunnel hub serves a socket for (every port of every
+        tunnelled route: a VM's SSH and console too)."""
+        return self._routes.tunnelled() if isinstance(self._routes, _Routes) else set()
+
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(60)
             self.sessions.expire_idle()
 
     async def stop(self) -> None:
+        server, self._metrics_server = self._metrics_server, None
+        if server is not None:
+            server.stop()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -200,6 +248,5 @@ class ProxyService:
         if self._tunnels is not None:
             await self._tunnels.close()
             self._tunnels = None
-        if self._nc is not None:
-            await self._nc.close()
-            self._nc = None
+        await close_quietly(self._nc)
+        self._nc = None

@@ -26,6 +26,7 @@ from pathlib import Path
 import asyncssh
 
 from einsora.common.errors import ConfigError, PortInUse
+from einsora.common.runloop import raise_if_cancelled
 from einsora.common.schemas import Enrolment
 from einsora.common.tunnel_clients import socket_path
 
@@ -299,6 +300,7 @@ class TunnelHub:
 
     async def _reconcile_loop(self) -> None:
         while True:
+            raise_if_cancelled()
             await self._dirty.wait()
             self._dirty.clear()
             try:

@@ -9,12 +9,16 @@ not starved by a stream of small ones. Ahead means older in the CPU pool; in a G
 tenant with less decayed recent GPU use, then older (fair share, ADR-0014). A workload that no
 machine of the region could hold even when empty, or that its tenant's quota holds, does not
 block the others.
+
+A workload with a fallback chain (ADR-0022) waits in the pool of each target its chain has
+reached here; in each it takes its turn in the same order, and it takes the first of its
+targets, in chain order, that fits and whose pool it has its turn in (`fallback.py`).
 """
 
 from __future__ import annotations
 
 from einsora.common.schemas import Placement, Target, WorkloadState
-from einsora.scheduler import quotas, reasons, trust
+from einsora.scheduler import drivers, fallback, quotas, reasons, trust
 from einsora.scheduler.book import Book
 from einsora.scheduler.capacity import (
     Demand,
@@ -46,6 +50,12 @@ def admit_pool(book: Book, pool: str) -> None:
     if not queue:
         return
     for workload in book.admission_order(pool):
+        if workload.chain is not None:
+            # Its chain's targets decide (fallback.py); it holds the pool while one of its
+            # targets here would take it once room frees.
+            if not _admit_chained(book, workload, pool) and fallback.holds(book, workload, pool):
+                break
+            continue
         demand = book.demand_of(workload)
         assert demand is not None  # unknown classes fail before they are queued
         over = quotas.refusal(book, workload, demand)
@@ -70,6 +80,27 @@ def admit_pool(book: Book, pool: str) -> None:
             book.note(workload, why)
     if not queue:
         book.queue.pop(pool, None)
+
+
+def _admit_chained(book: Book, workload: Workload, pool: str) -> bool:
+    """Place a chained workload at the first target it has reached here that fits now and
+    whose pool it has its turn in; whether it was placed."""
+    for target in fallback.tried_here(book, workload):
+        demand = fallback.demand_for(book, workload, target)
+        if demand is None or quotas.refusal(book, workload, demand) is not None:
+            continue
+        if target.machine is not None:
+            grant = fallback.pinned_grant(book, workload, target, demand)
+        else:
+            grant = choose(book, workload, demand)
+        if grant is None or fallback.gives_way(book, workload, demand.pool):
+            continue
+        if demand.pool != pool and not fallback.has_turn(book, workload, demand.pool):
+            continue
+        book.dequeue(workload)
+        place(book, workload, demand, grant, target.index)
+        return True
+    return False
 
 
 def choose(book: Book, workload: Workload, demand: Demand) -> Grant | None:
@@ -101,10 +132,19 @@ def _best_fit(book: Book, workload: Workload, demand: Demand) -> str | None:
     return book.index.best_fit(demand, allowed)
 
 
-def place(book: Book, workload: Workload, demand: Demand, grant: Grant) -> None:
-    """Book the grant in the machine's desired state and say where, and why, in the timeline."""
+def place(
+    book: Book, workload: Workload, demand: Demand, grant: Grant, step: int | None = None
+) -> None:
+    """Book the grant in the machine's desired state and say where, and why, in the timeline.
+    `step`: the target of its fallback chain it is placed at (None: it has no chain)."""
     machine = book.machines[grant.machine_id]
     reason = _placed_reason(book, workload, machine, demand)
+    if step is not None:
+        steps = len(fallback.targets(workload)) - 1
+        reason = reasons.placed_as(reason, machine.machine_id, demand.class_name, step, steps)
+    choice = book.driver_for(machine, workload)
+    if choice is not None and choice.driver != drivers.SIM:  # sim stands in: nothing to say
+        reason = f"{reason}; {drivers.note(choice)}"
     home = book.row_of(workload)
     if home is not None and home[0] is not machine:
         old_machine, old_row = home
@@ -117,9 +157,11 @@ def place(book: Book, workload: Workload, demand: Demand, grant: Grant) -> None:
             gpus=list(grant.gpus),
             cpus=grant.cpus,
             memory_mib=grant.memory_mib,
+            driver=None if choice is None else choice.driver,
         ),
     )
     workload.machine_id = machine.machine_id
+    workload.placed_class = demand.class_name
     workload.pending_since = None
     book.transition(
         workload,

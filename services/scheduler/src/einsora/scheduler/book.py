@@ -17,23 +17,25 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from einsora.common import lifecycle
+from einsora.common import lifecycle, telemetry
 from einsora.common.catalog import Catalog
 from einsora.common.schemas import (
     Endpoint,
     EventKind,
     Metered,
     Placement,
+    RegionStatus,
     Route,
     Target,
     TenantQuota,
     TenantUsage,
     WorkloadEvent,
+    WorkloadIntent,
     WorkloadKind,
     WorkloadState,
     utcnow,
 )
-from einsora.scheduler import reasons, trust
+from einsora.scheduler import drivers, reasons, trust
 from einsora.scheduler.capacity import (
     CPU_POOL,
     CapacityIndex,
@@ -66,6 +68,17 @@ class OutboxEvent:
 
     event: WorkloadEvent
     request_id: str
+    traceparent: str | None = None
+    """The trace it belongs to (tracing on): published in its `traceparent` header."""
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """An intent passed on to another region's scheduler (a region step, or an intent that came
+    after one): stored with the decision, then published (ADR-0022)."""
+
+    intent: WorkloadIntent
+    request_id: str
 
 
 @dataclass(frozen=True)
@@ -93,10 +106,22 @@ class Changes:
     routes: dict[str, Route | None] = field(default_factory=dict)
     desired: set[str] = field(default_factory=set)
     capacity_freed: bool = False
+    handoffs: list[Handoff] = field(default_factory=list)
+    """Intents for other regions decided this cycle (handover.py)."""
+    handoffs_sent: list[str] = field(default_factory=list)
+    """Handoffs published since the last commit: their stored rows are forgotten."""
 
     @property
     def to_store(self) -> bool:
-        return bool(self.machines or self.workloads or self.rows or self.intents or self.events)
+        return bool(
+            self.machines
+            or self.workloads
+            or self.rows
+            or self.intents
+            or self.events
+            or self.handoffs
+            or self.handoffs_sent
+        )
 
 
 class Book:
@@ -140,8 +165,13 @@ class Book:
         self.routes: dict[str, Endpoint] = {}
         """The endpoint each running workload's route was last written with."""
         self.changes = Changes()
+        self.chained: dict[str, Workload] = {}
+        """Queued workloads with a fallback chain, whose timer may reach a further step
+        (chain.py)."""
+        self.regions: dict[str, RegionStatus] = {}
+        """The other regions' schedulers, as they last said (regions.py)."""
         self._ever_fits: dict[Demand, bool] = {}
-        self._ever_fits_trusted: dict[tuple[Demand, str, str | None], bool] = {}
+        self._ever_fits_trusted: dict[tuple[Demand, str, str | None, drivers.Needs], bool] = {}
 
     def begin(self) -> Changes:
         """Start a cycle: later primitives record into a fresh `Changes`."""
@@ -226,8 +256,24 @@ class Book:
     def may_run(self, machine: Machine, workload: Workload) -> bool:
         """The trust filter: may `machine` take this workload's tenant (trust.py)."""
         return trust.may_run(
+            machine,
+            workload.tenant_id,
+            self.owner_tenant,
+            self.community_pool,
+            workload.user_id,
+            kind=workload.kind,
+            spec=workload.spec,
+        )
+
+    def driver_for(self, machine: Machine, workload: Workload) -> drivers.Choice | None:
+        """The driver `machine` runs `workload` with (None: it may not: `may_run`)."""
+        level = trust.trust_level(
             machine, workload.tenant_id, self.owner_tenant, self.community_pool, workload.user_id
         )
+        if level is None:
+            return None
+        owner = level is trust.Trust.owner
+        return drivers.choose(machine.inventory, workload.kind, workload.spec, owner=owner)
 
     def recent_use(self, tenant_id: str) -> float:
         """The tenant's decayed recent GPU-hours (fair share's U; 0 with none reported)."""
@@ -242,7 +288,8 @@ class Book:
                 if row.gpus:
                     workload = self.workloads.get(row.workload_id)
                     if workload is not None and workload.tenant_id == tenant_id:
-                        used[workload.class_name] = used.get(workload.class_name, 0) + len(row.gpus)
+                        placed = workload.placed_class or workload.class_name
+                        used[placed] = used.get(placed, 0) + len(row.gpus)
         return used
 
     def replica_machines(self, workload: Workload) -> set[str]:
@@ -266,7 +313,7 @@ class Book:
     def ever_fits_for(self, workload: Workload, demand: Demand) -> bool:
         """Whether some machine this workload may use would hold it, emptied, within what its
         owner lends."""
-        key = (demand, workload.tenant_id, workload.user_id)
+        key = (demand, workload.tenant_id, workload.user_id, drivers.needs_key(workload))
         if key not in self._ever_fits_trusted:
             allowed = [m for m in self.machines.values() if self.may_run(m, workload)]
             self._ever_fits_trusted[key] = could_ever_fit(allowed, demand)
@@ -286,6 +333,8 @@ class Book:
                             self.owner_tenant,
                             self.community_pool,
                             workload.user_id,
+                            kind=workload.kind,
+                            spec=workload.spec,
                         )
                     )
             elif (short := reasons.lend_too_small(m, demand)) is not None:
@@ -329,12 +378,15 @@ class Book:
         bisect.insort(queue, workload, key=lambda w: w.queue_key)
 
     def dequeue(self, workload: Workload) -> None:
-        for pool, queue in self.queue.items():
+        """Out of its pool's queue; a chained workload out of every pool it waits in."""
+        chained = self.chained.pop(workload.workload_id, None) is not None
+        for pool, queue in list(self.queue.items()):
             if workload in queue:
                 queue.remove(workload)
                 if not queue:
                     del self.queue[pool]
-                return
+                if not (chained or workload.chain):
+                    return
 
     def admission_order(self, pool: str) -> list[Workload]:
         """The order a pool's workloads are admitted in (ADR-0014): a GPU pool by each
@@ -394,9 +446,13 @@ class Book:
             placement=placement,
             request_id=workload.request_id,
             metered=self._metered(workload) if kind is EventKind.transition else None,
+            region=workload.region,
         )
+        traceparent = workload.traceparent
+        if telemetry.ON:  # inside a decision, its span; else the workload's last one
+            traceparent = telemetry.current_traceparent() or traceparent
         self.changes.events.append(
-            OutboxEvent(event, workload.request_id or f"scheduler-{self.region}")
+            OutboxEvent(event, workload.request_id or f"scheduler-{self.region}", traceparent)
         )
         self.save_workload(workload)
 
@@ -409,7 +465,7 @@ class Book:
         return Metered(
             kind=workload.kind,
             class_name=workload.class_name,
-            placed_class=workload.class_name,  # no fallback class is ever placed yet
+            placed_class=workload.placed_class or workload.class_name,
             region=self.region,
             machine=machine.machine_id,
             gpus=list(row.gpus),
@@ -430,6 +486,7 @@ class Book:
             name=workload.name,
             runtime=endpoint.runtime,
             via_tunnel=machine.tunnel,
+            ports=dict(endpoint.ports),
         )
 
     def drop_route(self, workload: Workload) -> None:

@@ -1,4 +1,4 @@
-"""`einsora scheduler --nats URL --region local`: run one region's scheduler until stopped.
+"""`einsora scheduler --nats URL --region office`: run one region's scheduler until stopped.
 
 Flags override `EINSORA_*` settings; SIGINT or SIGTERM stop it cleanly. A SIGKILL is safe too:
 the next start picks up where the store says it was (ADR-0004). The scheduler's modules load
@@ -21,7 +21,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "machines. Flags override the EINSORA_* settings.",
     )
     parser.add_argument("--nats", metavar="URL", help="NATS server (EINSORA_NATS_URL)")
-    parser.add_argument("--region", help="the region to serve (EINSORA_REGION; default local)")
+    parser.add_argument(
+        "--region",
+        help="the region (cell) to serve: its intents only, its machines only; one scheduler "
+        "per region (EINSORA_REGION; default local)",
+    )
     parser.add_argument(
         "--database-url",
         metavar="URL",
@@ -76,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
         }
     )
     logs.configure_from(settings, args.log_level, args.log_format)
+    from einsora.common import telemetry
+
+    telemetry.configure("einsora-scheduler")
     service = SchedulerService(
         settings,
         suspect_after_s=args.suspect_after,

@@ -5,6 +5,10 @@ Each function is a decision over the book; the engine has already dropped intent
 state is `einsora.common.lifecycle`'s table, the one the api accepted it by; the workload may
 have moved on since (it failed, or a remove came first), and then the intent changes nothing
 and leaves a note saying why, rather than failing.
+
+A workload with a fallback chain is admitted by walking it (`chain.py`); a create that a region
+step handed over here carries on where the region before stopped, and an intent about a
+workload this region handed over is passed on to where it went (`handover.py`, ADR-0022).
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ from einsora.common.schemas import (
     WorkloadState,
     utcnow,
 )
-from einsora.scheduler import reasons
+from einsora.scheduler import chain, handover, reasons
 from einsora.scheduler.admission import admit
 from einsora.scheduler.book import Book, ProcessedIntent
+from einsora.scheduler.fallback import chain_of
 from einsora.scheduler.model import Liveness, Workload
 
 log = logging.getLogger("einsora.scheduler.intents")
@@ -29,12 +34,29 @@ log = logging.getLogger("einsora.scheduler.intents")
 _ON_A_MACHINE = frozenset({WorkloadState.scheduled, WorkloadState.starting, WorkloadState.running})
 
 
-def apply_intent(book: Book, intent: WorkloadIntent, request_id: str | None) -> None:
-    """Apply one new intent and record it as processed."""
+def apply_intent(
+    book: Book,
+    intent: WorkloadIntent,
+    request_id: str | None,
+    *,
+    stored_region: str | None = None,
+) -> None:
+    """Apply one new intent and record it as processed. `stored_region`: the region the store
+    gives a workload the book does not hold (a hand-over, or one that left this region)."""
     book.changes.intents.append(
         ProcessedIntent(intent.intent_id, intent.workload_id, intent.action.value)
     )
+    if intent.handover is not None:
+        stored = stored_region is not None
+        taken = handover.accept(book, intent, request_id, stored=stored)
+        if taken is not None:
+            chain.admit(book, taken)
+        return
     workload = book.workloads.get(intent.workload_id)
+    holder = workload.region if workload is not None else stored_region
+    if holder is not None and holder != book.region:
+        handover.forward(book, intent, request_id, holder)
+        return
     if intent.action is IntentAction.create:
         if workload is not None:
             log.warning(
@@ -79,11 +101,15 @@ def _create(book: Book, intent: WorkloadIntent, request_id: str | None) -> None:
         created_at=utcnow(),
         pending_since=intent.at,
         request_id=request_id,
+        chain=chain_of(intent, book.region),
     )
     book.add_workload(workload)
     demand = book.demand_of(workload)
     if demand is None:
         book.transition(workload, WorkloadState.failed, reasons.unknown_class(intent.class_name))
+        return
+    if workload.chain is not None:
+        chain.admit(book, workload)
         return
     admit(book, workload, demand)
 
@@ -116,6 +142,10 @@ def _resume(book: Book, workload: Workload, intent: WorkloadIntent) -> None:
         return
     workload.state = WorkloadState.pending
     workload.pending_since = intent.at
+    if workload.chain is not None:
+        chain.restart(workload)  # a resume walks its whole chain again
+        chain.admit(book, workload)
+        return
     admit(book, workload, demand)
 
 

@@ -12,12 +12,14 @@ machine only cleans up a working directory there (target `removed`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 from einsora.common.schemas import (
+    FallbackStep,
     Inventory,
     Lend,
     Resources,
@@ -50,6 +52,9 @@ class Row:
     cpus: float = 0.0
     memory_mib: int = 0
     since_generation: int = 0
+    driver: str | None = None
+    """The driver chosen for it there (`drivers.choose`); None: the agent's default (rows
+    from before drivers were chosen)."""
 
     @property
     def holds_resources(self) -> bool:
@@ -151,6 +156,65 @@ class Machine:
         return sum(row.memory_mib for row in self.rows.values())
 
 
+@dataclass
+class Chain:
+    """A workload's fallback chain and how far its current admission has gone (ADR-0022).
+
+    Its targets are the chain resolved step by step (`fallback.targets`): 0 is the class and
+    region as asked. `start` is the first target of this region's turn (0, or where a region
+    step handed it over), `reached` the furthest target tried so far (`start - 1`: none yet).
+    """
+
+    steps: list[FallbackStep]
+    after_s: float = 0.0
+    asked_region: str = ""
+    replica: int = 1
+    start: int = 0
+    reached: int = -1
+    since: datetime | None = None
+    """When it began to wait at its first target; the next is tried `after_s` later, and so
+    on (its chain's timer)."""
+    explained: list[str] = field(default_factory=list)
+    """Why each target an earlier region tried had no room."""
+    optional: bool = False
+    """A `replicas` step let it wait without holding up other workloads."""
+    targets: tuple[Any, ...] = field(default=(), compare=False, repr=False)
+    """The resolved targets (fallback.targets), cached."""
+
+    def to_json(self) -> str:
+        """Its stored form (the `fallback` column)."""
+        return json.dumps(
+            {
+                "steps": [step.model_dump(mode="json", by_alias=True) for step in self.steps],
+                "after_s": self.after_s,
+                "asked_region": self.asked_region,
+                "replica": self.replica,
+                "start": self.start,
+                "reached": self.reached,
+                "since": self.since.isoformat() if self.since else None,
+                "explained": self.explained,
+                "optional": self.optional,
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Chain:
+        data = json.loads(text)
+        since = data.get("since")
+        return cls(
+            steps=[FallbackStep.model_validate(step) for step in data["steps"]],
+            after_s=float(data.get("after_s", 0.0)),
+            asked_region=str(data.get("asked_region", "")),
+            replica=int(data.get("replica", 1)),
+            start=int(data.get("start", 0)),
+            reached=int(data.get("reached", -1)),
+            since=datetime.fromisoformat(since) if since else None,
+            explained=[str(e) for e in data.get("explained", [])],
+            optional=bool(data.get("optional", False)),
+        )
+
+
 @dataclass(eq=False)
 class Workload:
     """A workload of this region and where the scheduler has put it.
@@ -178,8 +242,16 @@ class Workload:
     seq: int = 0
     pending_since: datetime | None = None
     request_id: str | None = None
+    traceparent: str | None = None
+    """The trace of the request that last acted on it, while tracing is on: the scheduler's
+    decision span, which its events and its place in desired states carry on (in memory; a
+    load starts without it)."""
     running_since: datetime | None = None
     """When it last became running (in memory; a load takes the load's time: ADR-0017)."""
+    placed_class: str | None = None
+    """The class it is placed as: its own, or a fallback step's (None: never placed)."""
+    chain: Chain | None = None
+    """Its fallback chain (None: it asked for no substitute)."""
 
     @property
     def queue_key(self) -> tuple[datetime, str]:

@@ -27,7 +27,7 @@ from einsora.common.schemas import (
     WorkloadState,
     utcnow,
 )
-from einsora.scheduler import reasons
+from einsora.scheduler import chain, reasons
 from einsora.scheduler.book import Book
 from einsora.scheduler.model import Liveness, Machine, Row, Workload
 
@@ -153,7 +153,8 @@ def _observe_row(
             seen is None or seen.phase in (ObservedPhase.parked, ObservedPhase.failed)
         ):
             book.release(machine, row, Target.parked)
-            book.transition(workload, WorkloadState.parked, reasons.parked(machine.machine_id))
+            how = seen.reason if seen is not None and seen.phase is ObservedPhase.parked else ""
+            book.transition(workload, WorkloadState.parked, reasons.parked(machine.machine_id, how))
         return
     if seen is None:
         return
@@ -258,6 +259,8 @@ def revoke(book: Book, machine: Machine) -> None:
             book.release(machine, row, Target.parked)
             book.drop_route(workload)
             book.transition(workload, WorkloadState.failed, reasons.revoked(machine.machine_id))
+            # Opted in to fallback: it is placed again by its chain (ADR-0022).
+            chain.after_eviction(book, workload, f"{machine.machine_id} was revoked")
         elif workload.state is WorkloadState.removing:
             book.release(machine, row, Target.removed)
             book.transition(

@@ -18,17 +18,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
+from einsora.common import telemetry
 from einsora.common.bus import message_headers, names
 from einsora.common.errors import EinsoraError
 from einsora.common.schemas import DesiredState, DesiredWorkload, Route
 from einsora.scheduler.book import Book, Changes, OutboxEvent
 from einsora.scheduler.model import Machine
+from einsora.scheduler.tracing import desired_headers, desired_spans, desired_traces, end_spans
 
 log = logging.getLogger("einsora.scheduler.projection")
 
@@ -52,6 +55,10 @@ class Projection:
     """(machine, generation, complete desired state) for each affected machine."""
     events: list[OutboxEvent]
     routes: dict[str, Route | None]
+    traces: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    """machine → the (traceparent, request id) of the decisions its write carries (tracing on)."""
+    prepared_at: float = field(default_factory=time.perf_counter)
+    """When its decisions were committed: its desired states' KV write lag counts from here."""
     desired_sent: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once its desired states are on the wire: the next projection may send its own."""
     events_sent: asyncio.Event = field(default_factory=asyncio.Event)
@@ -78,6 +85,11 @@ class Projector:
         self.routes: dict[str, Route | None] = {}
         self.writing: dict[str, int] = {}
         """Machines whose desired state is on its way, at this generation."""
+        self.fence: dict[str, str] | None = None
+        """Headers every desired-state write carries: the leader's fence (lease.py), which makes
+        NATS refuse the write once another scheduler took the lease; None: unfenced."""
+        self.on_desired_written: Callable[[float], None] | None = None
+        """Told each projection's KV write lag: from its commit to its desired states' acks."""
 
     @property
     def pending(self) -> bool:
@@ -98,12 +110,15 @@ class Projector:
                     workload_id=w.workload_id,
                     tenant_id=w.tenant_id,
                     kind=w.kind,
-                    class_name=w.class_name,
+                    class_name=w.placed_class or w.class_name,  # a fallback's class
                     target=row.target,
                     name=w.name,
                     spec=w.spec,
                     resources=row.resources(),
                     access_token=w.access_token,
+                    traceparent=w.traceparent,
+                    request_id=w.request_id if w.traceparent else None,
+                    driver=row.driver,
                 )
             )
         return DesiredState(
@@ -124,7 +139,10 @@ class Projector:
         routes, self.routes = self.routes, {}
         if not (desired or events or routes):
             return None
-        return Projection(desired, events, routes)
+        projection = Projection(desired, events, routes)
+        if telemetry.ON:
+            projection.traces = desired_traces(book, events, [m for m, _, _ in desired])
+        return projection
 
     async def write(self, projection: Projection, after: Projection | None = None) -> None:
         """Send `projection`'s desired states, and once they are stored its events and routes
@@ -133,13 +151,19 @@ class Projector:
         try:
             if after is not None:
                 await after.desired_sent.wait()
+            spans = desired_spans(projection.desired, projection.traces) if telemetry.ON else None
+            headers = desired_headers(len(projection.desired), self.fence, spans)
             desired = await self._send(
-                (names.MACHINES.key_subject(names.desired_key(m)), payload, None)
-                for m, _, payload in projection.desired
+                (names.MACHINES.key_subject(names.desired_key(m)), payload, h)
+                for (m, _, payload), h in zip(projection.desired, headers, strict=True)
             )
             projection.desired_sent.set()
             acks = await self._settle(desired)
             acks += [TimeoutError("not sent")] * (len(projection.desired) - len(acks))
+            if spans is not None:
+                end_spans(spans, acks)
+            if self.on_desired_written is not None and projection.desired:
+                self.on_desired_written(time.perf_counter() - projection.prepared_at)
             if all(isinstance(a, PubAck) for a in acks):
                 # The timeline promises what the agent can see: events after desired states.
                 if after is not None:
@@ -159,7 +183,9 @@ class Projector:
         projection: Projection,
     ) -> Iterator[tuple[str, bytes, dict[str, str] | None]]:
         for e in projection.events:
-            headers = message_headers(request_id=e.request_id, msg_id=e.event.event_id)
+            headers = message_headers(
+                request_id=e.request_id, msg_id=e.event.event_id, traceparent=e.traceparent
+            )
             yield names.event_subject(e.event.workload_id), e.event.to_bytes(), headers
         for workload_id, route in projection.routes.items():
             subject = names.ROUTES.key_subject(names.route_key(workload_id))

@@ -124,9 +124,12 @@ def parking(machine_id: str) -> str:
     return f"parking on {machine_id} as asked; its devices are released once it has stopped"
 
 
-def parked(machine_id: str | None) -> str:
+def parked(machine_id: str | None, how: str = "") -> str:
+    """`how`: the agent's words on how it parked it (a VM: "with a managed save …")."""
     if machine_id is None:
         return "parked as asked before it was placed; resume it to queue it again"
+    if how:
+        return f"parked on {machine_id} {how}; its devices are free"
     return f"parked on {machine_id}; its working directory is kept there and its devices are free"
 
 
@@ -244,3 +247,104 @@ def preempted(machine_id: str, why: Preemption) -> str:
         f"{words} ({machine_id}); it was stopped there and its devices released; resume it to "
         "place it on another machine"
     )
+
+
+# --- the fallback chain (ADR-0022) ---------------------------------------------------------
+# A step's clause names the step and says why it has no room ("l40s-48gb: none free in local
+# (3 of 3 in use)"); a note joins it to the step tried next; a queued reason joins them all.
+
+
+def step_unknown_class(label: str) -> str:
+    return f"{label}: not a class of this region's catalog"
+
+
+def step_over_quota(label: str, refusal: str) -> str:
+    """`refusal`: quotas.refusal's sentence; only what is over is kept."""
+    return f"{label}: {refusal.partition('; it starts')[0]}"
+
+
+def step_no_such_machine(label: str, region: str) -> str:
+    return f"{label}: not a machine of region {region} that takes work"
+
+
+def step_machine_away(label: str, how: str) -> str:
+    return f"{label}: the machine {how}"
+
+
+def step_never_fits(label: str, why: str) -> str:
+    return f"{label}: {why}"
+
+
+def step_gpus_busy(label: str, where: str, free: int, total: int, wanted: int) -> str:
+    if free == 0:
+        return f"{label}: none free {where} ({total} of {total} in use)"
+    return f"{label}: {free} of {total} free {where}, {wanted} needed"
+
+
+def step_cpu_busy(label: str, where: str, what: str) -> str:
+    return f"{label}: no machine has {what} free {where}"
+
+
+def step_behind(label: str, room: str, ahead: int) -> str:
+    if ahead == 0:
+        return f"{label}: {room}, but none it may use takes it now"
+    waiting = "1 workload is" if ahead == 1 else f"{ahead} workloads are"
+    return f"{label}: {room}, but {waiting} ahead of it"
+
+
+def step_region_down(label: str, why: str) -> str:
+    """`why`: RegionStatus.why_down's sentence, or that none has reported."""
+    return f"{label}: {why}"
+
+
+def region_never_heard(region: str) -> str:
+    return f"no scheduler of region {region} has reported"
+
+
+def step_fewer_replicas(replica: int, accepted: int) -> str:
+    if replica <= accepted:
+        return f"fewer replicas ({accepted}): this is replica {replica}, one of those kept"
+    enough = "1 is" if accepted == 1 else f"{accepted} are"
+    return (
+        f"fewer replicas ({accepted}): {enough} enough, so replica {replica} waits without "
+        "holding up other workloads, and gives way to them"
+    )
+
+
+def trying(clause: str, label: str) -> str:
+    """A note: the step before had no room, so the chain moves on."""
+    return f"{clause}; trying {label}"
+
+
+def handed_over(clause: str | None, region: str) -> str:
+    """The note of a region step: the workload is now the next region's."""
+    lead = f"{clause}; trying" if clause else "its fallback chain goes on in"
+    return f"{lead} region {region}, whose scheduler takes it from here"
+
+
+def chain_exhausted(clauses: list[str], next_label: str | None, next_at: str | None) -> str:
+    """Queued: no step it reached has room. `next_label`/`next_at`: the step its timer
+    reaches next, and when (HH:MM:SS UTC)."""
+    said = "; ".join(clauses)
+    if next_label is not None and next_at is not None:
+        return (
+            f"no step of its fallback chain has room yet: {said}; it starts on the first of "
+            f"these that frees, in this order, and {next_label} is tried too from {next_at} UTC"
+        )
+    return (
+        f"no step of its fallback chain has room: {said}; it starts on the first of these "
+        "that frees, in this order"
+    )
+
+
+def placed_as(text: str, machine_id: str, class_name: str, index: int, steps: int) -> str:
+    """`text`: the placement sentence ("placed on m-… (best fit …)"); says the class it is
+    placed as and which step of its chain that is (0: as asked)."""
+    step = "as asked" if index == 0 else f"fallback step {index} of {steps}"
+    return text.replace(
+        f"placed on {machine_id}", f"placed on {machine_id} as {class_name}, {step}", 1
+    )
+
+
+def evicted_moves(why: str) -> str:
+    return f"{why}; it opted in to fallback, so it is placed again by its chain"

@@ -24,7 +24,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from einsora.common.schemas import Target, WorkloadState
-from einsora.scheduler import reasons
+from einsora.scheduler import chain, reasons
 from einsora.scheduler.book import Book
 from einsora.scheduler.model import Machine, Row, Workload
 from einsora.scheduler.reasons import Preemption
@@ -146,6 +146,8 @@ def _judge(
         book.transition(
             workload, WorkloadState.preempted, reasons.preempted(machine.machine_id, why)
         )
+        # Opted in to fallback: it is placed again by its chain (ADR-0022).
+        chain.after_eviction(book, workload, f"preempted from {machine.machine_id}")
         return
     if book.preempt_notes.get(workload.workload_id) != (why, at):
         book.preempt_notes[workload.workload_id] = (why, at)

@@ -1,15 +1,24 @@
 """`SchedulerService`: one region's scheduler, in the shape every Einsora service has.
 
-`start()` connects, provisions the bus, migrates the store, rebuilds the book from the store,
-reads the whole `machines` bucket (rewriting any desired state that lags the store, republishing
-any event the store has not seen acknowledged, deleting stale routes), and only then starts
-consuming its region's intents. It returns once it serves; `stop()` undoes it and may be called
-twice.
+`start()` connects, provisions the bus, migrates the store and takes the region's leader lease
+(lease.py, ADR-0021). As the leader it rebuilds the book from the store, reads the whole
+`machines` bucket (rewriting any desired state that lags the store, republishing any event the
+store has not seen acknowledged, deleting stale routes), and only then starts consuming its
+region's intents; it returns once it serves. When another scheduler holds the lease, it returns
+as a standby, and takes over (doing all of that) once the leader's lease lapses or is released;
+a leader deposed by another goes back to standing by. `stop()` undoes it, releasing the lease so
+a standby takes over at once, and may be called twice.
+
+The region is its one parameter of place (`settings.region`, `einsora scheduler --region`):
+it consumes only `intent.<region>.>`, owns only its region's machines, and, while it leads,
+says it is alive in `regions/<region>` (ADR-0022), which other regions read before a region
+step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -21,21 +30,31 @@ from nats.js.errors import NoKeysError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
+from einsora.common import telemetry
 from einsora.common.bus import (
     DurableConsumer,
+    close_quietly,
     connect_as,
     identities,
     names,
     provision,
     request_id_of,
     tls_trusting,
+    traceparent_of,
 )
 from einsora.common.bus.mirror import KvMirror
 from einsora.common.catalog import Catalog
 from einsora.common.errors import ConfigError, EinsoraError
+from einsora.common.metrics import MetricsServer, serve
+from einsora.common.runloop import raise_if_cancelled
 from einsora.common.schemas import WorkloadIntent, utcnow, what_is_wrong
 from einsora.common.settings import Settings
+from einsora.scheduler.beacon import PERIOD_S as BEACON_PERIOD_S
+from einsora.scheduler.beacon import RegionBeacon
 from einsora.scheduler.engine import CycleFailed, Engine, Timing
+from einsora.scheduler.handoffs import HandoffSender
+from einsora.scheduler.lease import RegionLease, holder_id
+from einsora.scheduler.metrics import SchedulerMetrics
 from einsora.scheduler.projection import Projector
 from einsora.scheduler.store import SchedulerStore
 from einsora.scheduler.tokens import KEY_FILE as TOKENS_KEY_FILE
@@ -70,6 +89,7 @@ class SchedulerService:
         ack_wait_s: float = 30.0,
         publish_timeout_s: float = 5.0,
         clock: Callable[[], datetime] = utcnow,
+        beacon_s: float = BEACON_PERIOD_S,
     ) -> None:
         try:
             names.intent_region_filter(settings.region)
@@ -91,7 +111,11 @@ class SchedulerService:
         self._ack_wait_s = ack_wait_s
         self._publish_timeout_s = publish_timeout_s
         self._clock = clock
-        """The wall clock reclaims are judged by (a test's own, to pass a grace at once)."""
+        """The wall clock reclaims and fallback timers are judged by (a test's own, to pass a
+        grace or a `fallback_after_s` at once)."""
+        self._beacon_s = beacon_s
+        self._beacon: RegionBeacon | None = None
+        self._regions: KvMirror | None = None
         self._nc: NATS | None = None
         self._store: SchedulerStore | None = None
         self._engine: Engine | None = None
@@ -99,6 +123,24 @@ class SchedulerService:
         self._usage: KvMirror | None = None
         self._enrolments: KvMirror | None = None
         self._consumer: DurableConsumer | None = None
+        self._js: JetStreamContext | None = None
+        self._lease: RegionLease | None = None
+        self._standby: asyncio.Task[None] | None = None
+        self.metrics = SchedulerMetrics(self.region, lambda: self.engine.book)
+        self._metrics_server: MetricsServer | None = None
+        self._stopping = False
+        self.leading = asyncio.Event()
+        """Set while this scheduler leads its region (after `start()` or a takeover)."""
+
+    @property
+    def metrics_port(self) -> int | None:
+        """Where /metrics listens once started, when `scheduler_metrics_port` is set."""
+        return None if self._metrics_server is None else self._metrics_server.port
+
+    @property
+    def term(self) -> int:
+        """The lease term this scheduler leads in (0: it does not lead)."""
+        return self._lease.term if self._lease is not None else 0
 
     @property
     def engine(self) -> Engine:
@@ -121,24 +163,92 @@ class SchedulerService:
             name=f"einsora-scheduler-{self.region}",
             tls=tls_trusting(self.settings.nats_tls_cert),
         )
-        js = self._nc.jetstream()
-        await provision(js)
+        js = self._js = self._nc.jetstream()
+        await provision(js, replicas=self.settings.nats_replicas)
         self._store = SchedulerStore(self.settings.effective_database_url)
         await self._store.migrate()
+        self._metrics_server = serve(
+            self.metrics.registry,
+            host=self.settings.metrics_host,
+            port=self.settings.scheduler_metrics_port,
+            service="scheduler",
+            setting="EINSORA_SCHEDULER_METRICS_PORT",
+        )
+        self._lease = RegionLease(
+            js,
+            self._store,
+            region=self.region,
+            holder=holder_id(self.settings.data_dir, self.region),
+            lease_s=self.settings.scheduler_lease_s,
+        )
+        if await self._lease.try_acquire():
+            await self._lead()
+        else:
+            log.info("standing by: another scheduler leads the region", extra=self._where())
+            self._standby = asyncio.create_task(self._stand_by(), name="scheduler standby")
+
+    def _where(self) -> dict[str, object]:
+        return {"region": self.region, "holder": self._lease.holder if self._lease else None}
+
+    async def _stand_by(self) -> None:
+        """Wait for the lease, then lead; a failed start is retried (the bus or store away)."""
+        lease = self._lease
+        assert lease is not None
+        while True:
+            raise_if_cancelled()
+            await lease.acquire()
+            try:
+                await self._lead()
+            except Exception:
+                log.exception("taking over failed; standing by again", extra=self._where())
+                await self._unlead()
+                await lease.release()
+                await asyncio.sleep(self.settings.scheduler_lease_s)
+                continue
+            log.info("took over the region", extra={**self._where(), "term": self.term})
+            return
+
+    async def _deposed(self) -> None:
+        """Another scheduler took the lease: stop deciding, and stand by again."""
+        await self._unlead(deposed=True)
+        if not self._stopping:
+            self._standby = asyncio.create_task(self._stand_by(), name="scheduler standby")
+
+    async def _lead(self) -> None:
+        """Everything a leader runs, from the book's load to consuming intents."""
+        assert self._nc is not None
+        assert self._js is not None
+        assert self._store is not None
+        assert self._lease is not None
+        js = self._js
+        # Renewed from now on: loading a large book must not let the lease lapse.
+        self._lease.keep(self._deposed)
         await self._store.forget_old_intents()
         routes = await js.key_value(names.ROUTES.name)
         projector = Projector(js, publish_timeout_s=self._publish_timeout_s)
+        if self.settings.nats_replicas == 1:
+            # Each desired-state write is fenced on the lease's term key. A clustered stream
+            # refuses a second such check while one is in flight (JetStream's error 10164), which
+            # would serialise the writes; there the store's fence and the generations do it
+            # (ADR-0021).
+            projector.fence = self._lease.fence
+            self._lease.on_fence = lambda fence: setattr(projector, "fence", fence)
+        projector.on_desired_written = self.metrics.desired_written
         engine = Engine(
             self.region,
             self.catalog,
             self._store,
             projector,
             self.timing,
-            tokens=WorkloadTokens.from_file(self.settings.data_dir / TOKENS_KEY_FILE),
+            tokens=WorkloadTokens.from_file(
+                self.settings.scheduler_tokens_key or self.settings.data_dir / TOKENS_KEY_FILE
+            ),
             owner_tenant=self.settings.machine_owner_tenant,
             community_pool=self.settings.community_pool,
             clock=self._clock,
+            handoffs=HandoffSender(js, publish_timeout_s=self._publish_timeout_s),
         )
+        engine.hooks = self.metrics
         self._engine = engine
         await engine.load()
         engine.start()
@@ -159,6 +269,7 @@ class SchedulerService:
             on_key=engine.submit_key,
             on_present=engine.submit_present,
             audit_s=self._audit_s,
+            replicas=self.settings.nats_replicas,
         )
         await self._watch.start()
         # Quotas (api) and recent use (accounting): admission never passes a tenant's quota.
@@ -171,6 +282,16 @@ class SchedulerService:
             audit_s=60.0,
         )
         await self._usage.start()
+        # The other regions' schedulers: a region step goes only to one that is up.
+        self._regions = KvMirror(
+            self._nc,
+            js,
+            names.REGIONS,
+            on_put=engine.submit_region,
+            on_delete=lambda key: engine.submit_region(key, None),
+            audit_s=60.0,
+        )
+        await self._regions.start()
         await engine.clean_routes(await _route_keys(js, routes))
         self._consumer = DurableConsumer(
             js,
@@ -181,31 +302,57 @@ class SchedulerService:
             batch_handler=self._on_intents,
             batch=self._batch,
             ack_wait=self._ack_wait_s,
+            registry=self.metrics.registry,
         )
         await self._consumer.start()
-        log.info("scheduler ready", extra={"region": self.region})
+        self._beacon = RegionBeacon(js, lambda: engine.book, period_s=self._beacon_s)
+        await self._beacon.beat()
+        self._beacon.start()
+        self.metrics.lease(leader=True, term=self._lease.term)
+        self.leading.set()
+        log.info("scheduler ready", extra={"region": self.region, "term": self._lease.term})
 
     async def stop(self) -> None:
+        self._stopping = True
+        standby, self._standby = self._standby, None
+        if standby is not None:
+            standby.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await standby
+        await self._unlead()
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            await lease.release()
+        server, self._metrics_server = self._metrics_server, None
+        if server is not None:
+            server.stop()
+        store, self._store = self._store, None
+        if store is not None:
+            await store.close()
+        nc, self._nc = self._nc, None
+        # Every ack this service waits for has come or failed by now: nothing to drain.
+        await close_quietly(nc)
+
+    async def _unlead(self, *, deposed: bool = False) -> None:
+        """Stop what a leader runs (the connection, store and lease stay)."""
+        self.leading.clear()
+        self.metrics.lease(leader=False, term=self.term)
+        beacon, self._beacon = self._beacon, None
+        if beacon is not None:
+            await beacon.stop(say_stopped=not deposed)
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             await consumer.stop()
         watch, self._watch = self._watch, None
         if watch is not None:
             await watch.stop()
-        for mirror in (self._usage, self._enrolments):
+        for mirror in (self._usage, self._enrolments, self._regions):
             if mirror is not None:
                 await mirror.stop()
-        self._usage = self._enrolments = None
+        self._usage = self._enrolments = self._regions = None
         engine, self._engine = self._engine, None
         if engine is not None:
             await engine.stop()
-        store, self._store = self._store, None
-        if store is not None:
-            await store.close()
-        nc, self._nc = self._nc, None
-        if nc is not None and not nc.is_closed:
-            # Every ack this service waits for has come or failed by now: nothing to drain.
-            await nc.close()
 
     async def _on_snapshot(self, keys: list[MachineKey]) -> None:
         """A snapshot must be applied; a bus hiccup while projecting it is retried."""
@@ -240,6 +387,8 @@ class SchedulerService:
                 f"intent for workload {intent.workload_id!r} in region {intent.region!r} came "
                 f"on {msg.subject}; it is refused"
             )
+        if telemetry.ON:
+            self.engine.tracing.remember(intent.intent_id, traceparent_of(msg.headers))
         return intent, request_id_of(msg.headers)
 
 

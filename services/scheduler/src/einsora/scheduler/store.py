@@ -17,17 +17,20 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from einsora.common.bus import names
+from einsora.common.errors import EinsoraError
 from einsora.common.schemas import (
     Inventory,
     Target,
     WorkloadEvent,
+    WorkloadIntent,
     WorkloadKind,
     WorkloadState,
     utcnow,
 )
 from einsora.scheduler import tables as t
-from einsora.scheduler.book import Changes, OutboxEvent
-from einsora.scheduler.model import Liveness, Machine, Row, Workload
+from einsora.scheduler.book import Changes, Handoff, OutboxEvent
+from einsora.scheduler.model import Chain, Liveness, Machine, Row, Workload
 from einsora.store import Database
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -43,6 +46,7 @@ class Snapshot:
     machines: list[Machine]
     workloads: list[Workload]
     outbox: list[OutboxEvent]
+    handoffs: list[Handoff]
 
 
 class SchedulerStore(Database):
@@ -101,15 +105,20 @@ class SchedulerStore(Database):
                     sa.select(t.outbox).order_by(t.outbox.c.workload_id, t.outbox.c.seq)
                 )
             ]
-        return Snapshot(list(machines.values()), list(workloads.values()), outbox)
+            handoffs = [
+                Handoff(WorkloadIntent.from_bytes(r.payload), r.request_id)
+                for r in await conn.execute(sa.select(t.handoffs))
+            ]
+        return Snapshot(list(machines.values()), list(workloads.values()), outbox, handoffs)
 
     async def screen(
         self, intent_ids: Sequence[str], workload_ids: Sequence[str]
-    ) -> tuple[set[str], dict[str, WorkloadState]]:
+    ) -> tuple[set[str], dict[str, tuple[WorkloadState, str]]]:
         """Which of these intents were processed already, and which of these workloads the
-        store knows (with their state), in one call to the database."""
+        store knows (with their state and the region that holds them), in one call to the
+        database."""
 
-        def read(conn: sa.Connection) -> tuple[set[str], dict[str, WorkloadState]]:
+        def read(conn: sa.Connection) -> tuple[set[str], dict[str, tuple[WorkloadState, str]]]:
             seen: set[str] = set()
             for chunk in _chunks(intent_ids):
                 result = conn.execute(
@@ -118,22 +127,78 @@ class SchedulerStore(Database):
                     )
                 )
                 seen.update(result.scalars())
-            return seen, _states_of(conn, workload_ids)
+            return seen, _known(conn, workload_ids)
 
         return await self.query(read)
 
-    async def states_of(self, workload_ids: Sequence[str]) -> dict[str, WorkloadState]:
-        """The state of each of these workloads that the store knows."""
-        return await self.query(lambda conn: _states_of(conn, workload_ids))
+    async def states_of(self, workload_ids: Sequence[str], region: str) -> dict[str, WorkloadState]:
+        """The state of each of these workloads that the store knows `region` holds (one that
+        region handed over is the next region's to speak for: ADR-0022)."""
+        known = await self.query(lambda conn: _known(conn, workload_ids))
+        return {w: state for w, (state, held_by) in known.items() if held_by == region}
 
     # --- writing ----------------------------------------------------------------------------
 
+    fence: tuple[str, int] | None = None
+    """(region, term) every commit checks first: the leader's term (lease.py); None: none."""
+
     async def commit(self, changes: Changes, published: Sequence[str]) -> None:
-        """Write one cycle's changes in one transaction; forget the outbox rows `published`."""
-        await self.run(lambda conn: _commit(conn, changes, published))
+        """Write one cycle's changes in one transaction; forget the outbox rows `published`.
+        Raises `Deposed` (and writes nothing) when the region's term moved past the fence."""
+        fence = self.fence
+        await self.run(lambda conn: _commit(conn, changes, published, fence))
+
+    async def take_term(self, region: str, term: int, holder: str) -> bool:
+        """Raise the region's term to `term` for `holder`; False when the store already has a
+        term as high (another scheduler took the lease after us)."""
+
+        def take(conn: sa.Connection) -> bool:
+            row = conn.execute(
+                sa.select(t.leases.c.term).where(t.leases.c.region == region).with_for_update()
+            ).first()
+            if row is None:
+                conn.execute(t.leases.insert().values(region=region, term=term, holder=holder))
+                return True
+            if row.term >= term:
+                return False
+            conn.execute(
+                t.leases.update()
+                .where(t.leases.c.region == region)
+                .values(term=term, holder=holder)
+            )
+            return True
+
+        return await self.run(take)
 
 
-def _commit(conn: sa.Connection, changes: Changes, published: Sequence[str]) -> None:
+class Deposed(EinsoraError):
+    """Another scheduler holds this region's lease now: this one may decide nothing more."""
+
+    code = "scheduler_deposed"
+    retryable = True  # for the intents: they are the new leader's to decide
+
+
+def _check_fence(conn: sa.Connection, fence: tuple[str, int]) -> None:
+    # An UPDATE, not a SELECT: it takes the row's lock, so a takeover (take_term) and this
+    # commit are ordered, and the loser sees the winner's term.
+    region, term = fence
+    result = conn.execute(
+        t.leases.update()
+        .where(t.leases.c.region == region, t.leases.c.term == term)
+        .values(term=term)
+    )
+    if result.rowcount != 1:
+        raise Deposed(f"the lease of region {region!r} moved past term {term}")
+
+
+def _commit(
+    conn: sa.Connection,
+    changes: Changes,
+    published: Sequence[str],
+    fence: tuple[str, int] | None = None,
+) -> None:
+    if fence is not None:
+        _check_fence(conn, fence)
     _save_machines(conn, changes)
     _save_workloads(conn, changes)
     _save_rows(conn, changes)
@@ -170,17 +235,43 @@ def _commit(conn: sa.Connection, changes: Changes, published: Sequence[str]) -> 
             t.outbox.delete().where(t.outbox.c.event_id == sa.bindparam("b_id")),
             [{"b_id": event_id} for event_id in published],
         )
+    if changes.handoffs or changes.handoffs_sent:
+        _save_handoffs(conn, changes)
 
 
-def _states_of(conn: sa.Connection, workload_ids: Sequence[str]) -> dict[str, WorkloadState]:
-    found: dict[str, WorkloadState] = {}
+def _save_handoffs(conn: sa.Connection, changes: Changes) -> None:
+    """Intents for other regions decided this cycle, and those published since (ADR-0022)."""
+    if changes.handoffs:
+        conn.execute(
+            t.handoffs.insert(),
+            [
+                {
+                    "intent_id": h.intent.intent_id,
+                    "workload_id": h.intent.workload_id,
+                    "subject": names.intent_subject(h.intent.region, h.intent.workload_id),
+                    "request_id": h.request_id,
+                    "payload": h.intent.to_bytes().decode(),
+                }
+                for h in changes.handoffs
+            ],
+        )
+    if changes.handoffs_sent:
+        conn.execute(
+            t.handoffs.delete().where(t.handoffs.c.intent_id == sa.bindparam("b_id")),
+            [{"b_id": intent_id} for intent_id in changes.handoffs_sent],
+        )
+
+
+def _known(
+    conn: sa.Connection, workload_ids: Sequence[str]
+) -> dict[str, tuple[WorkloadState, str]]:
+    found: dict[str, tuple[WorkloadState, str]] = {}
+    w = t.workloads.c
     for chunk in _chunks(workload_ids):
         result = conn.execute(
-            sa.select(t.workloads.c.workload_id, t.workloads.c.state).where(
-                t.workloads.c.workload_id.in_(chunk)
-            )
+            sa.select(w.workload_id, w.state, w.region).where(w.workload_id.in_(chunk))
         )
-        found.update({r.workload_id: WorkloadState(r.state) for r in result})
+        found.update({r.workload_id: (WorkloadState(r.state), r.region) for r in result})
     return found
 
 
@@ -212,7 +303,17 @@ def _machine_values(m: Machine) -> dict[str, Any]:
     }
 
 
-_WORKLOAD_MUTABLE = ("state", "reason", "machine_id", "seq", "pending_since", "request_id")
+_WORKLOAD_MUTABLE = (
+    "state",
+    "reason",
+    "machine_id",
+    "seq",
+    "pending_since",
+    "request_id",
+    "region",
+    "placed_class",
+    "fallback",
+)
 
 
 def _save_workloads(conn: sa.Connection, changes: Changes) -> None:
@@ -251,6 +352,8 @@ def _workload_values(w: Workload) -> dict[str, Any]:
         "pending_since": w.pending_since,
         "request_id": w.request_id,
         "created_at": w.created_at,
+        "placed_class": w.placed_class,
+        "fallback": w.chain.to_json() if w.chain is not None else None,
     }
 
 
@@ -294,6 +397,7 @@ def _insert_rows(conn: sa.Connection, changes: Changes) -> None:
                     "cpus": row.cpus,
                     "memory_mib": row.memory_mib,
                     "since_generation": row.since_generation,
+                    "driver": row.driver,
                 }
                 for m, row in present
             ],
@@ -325,6 +429,7 @@ def _row(r: Any) -> Row:
         cpus=float(r.cpus),
         memory_mib=int(r.memory_mib),
         since_generation=r.since_generation,
+        driver=r.driver,
     )
 
 
@@ -347,6 +452,8 @@ def _workload(r: Any) -> Workload:
         seq=r.seq,
         pending_since=r.pending_since,
         request_id=r.request_id,
+        placed_class=r.placed_class,
+        chain=Chain.from_json(r.fallback) if r.fallback else None,
     )
 
 

@@ -48,6 +48,8 @@ workloads = sa.Table(
     sa.Column("pending_since", UTC_TIME, nullable=True),
     sa.Column("request_id", sa.String(128), nullable=True),
     sa.Column("created_at", UTC_TIME, nullable=False),
+    sa.Column("placed_class", sa.String(64), nullable=True),
+    sa.Column("fallback", sa.Text, nullable=True),
     sa.Index("ix_scheduler_workloads_region_state", "region", "state"),
 )
 
@@ -71,6 +73,7 @@ desired_rows = sa.Table(
     sa.Column("cpus", sa.Float, nullable=False),
     sa.Column("memory_mib", sa.BigInteger, nullable=False),
     sa.Column("since_generation", sa.BigInteger, nullable=False),
+    sa.Column("driver", sa.String(32), nullable=True),
 )
 
 gpu_bookings = sa.Table(
@@ -98,4 +101,24 @@ outbox = sa.Table(
     sa.Column("seq", sa.BigInteger, nullable=False),
     sa.Column("request_id", sa.String(128), nullable=False),
     sa.Column("payload", sa.Text, nullable=False),
+)
+
+handoffs = sa.Table(
+    "scheduler_handoffs",
+    metadata,
+    sa.Column("intent_id", sa.String(64), primary_key=True),
+    sa.Column("workload_id", sa.String(64), nullable=False),
+    sa.Column("subject", sa.String(256), nullable=False),
+    sa.Column("request_id", sa.String(128), nullable=False),
+    sa.Column("payload", sa.Text, nullable=False),
+)
+"""Intents for other regions' schedulers (a region step's hand-over, an intent passed on),
+stored with the decision and deleted once published (ADR-0022)."""
+
+leases = sa.Table(
+    "scheduler_leases",
+    metadata,
+    sa.Column("region", sa.String(64), primary_key=True),
+    sa.Column("term", sa.BigInteger, nullable=False),
+    sa.Column("holder", sa.String(128), nullable=False),
 )

@@ -8,16 +8,21 @@ a machine shared with the community of an instance whose operator runs a communi
 Anyone else may not use the machine at all. Weak isolation (the `process` driver: a process on
 the host's kernel) runs the owner's own workloads only; guests, invited or community, need a
 strong one (a VM). A driver's isolation is the control plane's rating (`einsora.common.
-isolation`), never the agent's. A machine enrolled without an owner (none are, since issue 14,
-but a store from before may hold one) belongs to the cell's owner (`machine_owner_tenant`).
+isolation`), never the agent's. Given the workload's kind and spec, the machine must also have a
+driver that runs it at the isolation its trust level allows (`drivers.choose`). A machine
+enrolled without an owner (none are, since issue 14, but a store from before may hold one)
+belongs to the cell's owner (`machine_owner_tenant`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
+from typing import Any
 
 from einsora.common.isolation import DRIVER_ISOLATION, Isolation, has_strong_driver
-from einsora.common.schemas import SharingLevel
+from einsora.common.schemas import SharingLevel, WorkloadKind
+from einsora.scheduler import drivers
 from einsora.scheduler.model import Machine
 from einsora.scheduler.reasons import OWNER_LENDS
 
@@ -54,15 +59,22 @@ def may_run(
     cell_owner: str | None,
     community_pool: bool,
     user_id: str | None = None,
+    *,
+    kind: WorkloadKind | None = None,
+    spec: Mapping[str, Any] | None = None,
 ) -> bool:
-    """Whether `machine` may take a workload of `tenant_id` by `user_id` (the matrix above)."""
+    """Whether `machine` may take a workload of `tenant_id` by `user_id` (the matrix above);
+    with its `kind` (and `spec`), also whether one of its drivers runs it at that trust."""
     level = trust_level(machine, tenant_id, cell_owner, community_pool, user_id)
     if level is None:
         return False
-    if level is Trust.owner:
-        return True
+    owner = level is Trust.owner
     # While its owner reclaims it, a machine takes no guest (ADR-0017).
-    return machine.reclaimed_at is None and has_strong_driver(machine.inventory.drivers)
+    if not owner and machine.reclaimed_at is not None:
+        return False
+    if kind is not None:
+        return drivers.can_run(machine.inventory, kind, spec or {}, owner=owner)
+    return owner or has_strong_driver(machine.inventory.drivers)
 
 
 def why_not(
@@ -71,16 +83,23 @@ def why_not(
     cell_owner: str | None,
     community_pool: bool,
     user_id: str | None = None,
+    *,
+    kind: WorkloadKind | None = None,
+    spec: Mapping[str, Any] | None = None,
 ) -> str:
     """Why `machine` may not take the workload, for its placement note."""
-    if trust_level(machine, tenant_id, cell_owner, community_pool, user_id) is None:
+    level = trust_level(machine, tenant_id, cell_owner, community_pool, user_id)
+    if level is None:
         if machine.sharing is SharingLevel.community and not community_pool:
             return f"{machine.machine_id}: shared with a community pool this instance does not run"
         return f"{machine.machine_id}: not shared with your tenant or you"
-    if machine.reclaimed_at is not None:
+    if level is not Trust.owner and machine.reclaimed_at is not None:
         return f"{machine.machine_id}: reclaimed by its owner"
-    drivers = machine.inventory.drivers
-    weak = ", ".join(sorted(d for d in drivers if DRIVER_ISOLATION.get(d) is not Isolation.strong))
+    if kind is not None:
+        why = drivers.refusal(machine.inventory, kind, spec or {}, owner=level is Trust.owner)
+        return f"{machine.machine_id}: {why}"
+    have = machine.inventory.drivers
+    weak = ", ".join(sorted(d for d in have if DRIVER_ISOLATION.get(d) is not Isolation.strong))
     return f"{machine.machine_id}: only weak isolation ({weak or 'no driver'}); guests need strong"
 
 

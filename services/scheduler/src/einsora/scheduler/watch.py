@@ -26,6 +26,7 @@ from nats.js.errors import NotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from einsora.common.bus import names, provision
+from einsora.common.runloop import raise_if_cancelled
 
 log = logging.getLogger("einsora.scheduler.watch")
 
@@ -67,9 +68,11 @@ class MachinesWatch:
         on_key: Callable[[MachineKey], None],
         on_present: Callable[[set[str]], None],
         audit_s: float = 2.0,
+        replicas: int = 1,
     ) -> None:
         self._nc = nc
         self._js = js
+        self._replicas = replicas
         self._reconnects = 0
         self._on_snapshot = on_snapshot
         self._on_key = on_key
@@ -136,12 +139,15 @@ class MachinesWatch:
 
     async def _audit_loop(self) -> None:
         while True:
+            raise_if_cancelled()
             await asyncio.sleep(self._audit_s)
             try:
                 await self._check()
             except (nats.errors.Error, OSError, TimeoutError) as exc:
+                raise_if_cancelled()
                 log.warning("machines bucket audit failed; retrying", extra={"error": repr(exc)})
             except Exception:
+                raise_if_cancelled()
                 log.exception("machines bucket audit failed unexpectedly; retrying")
 
     async def _check(self) -> None:
@@ -152,7 +158,7 @@ class MachinesWatch:
             )
         except NotFoundError:
             log.warning("the machines bucket is gone; recreating it and rewriting desired states")
-            await provision(self._js)
+            await provision(self._js, replicas=self._replicas)
             info = await self._js.stream_info(names.MACHINES.stream)
         if self._pump is None or self._pump.done():
             log.warning("the machines watch is not running; reading the bucket again")

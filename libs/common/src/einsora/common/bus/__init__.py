@@ -1,19 +1,33 @@
 """The bus: names (the only place they are spelled), connection, provisioning, publishing."""
 
 from einsora.common.bus import identities, names
-from einsora.common.bus.connect import CredentialRefused, connect, connect_as, tls_trusting
+from einsora.common.bus.connect import (
+    CredentialRefused,
+    close_quietly,
+    connect,
+    connect_as,
+    tls_trusting,
+)
 from einsora.common.bus.consumer import DurableConsumer
-from einsora.common.bus.kv import bind_bucket, watch_key
+from einsora.common.bus.kv import KeyState, bind_bucket, read_bucket, read_records, watch_key
 from einsora.common.bus.mirror import KvMirror
 from einsora.common.bus.provision import ProvisionReport, provision, stream_configs
-from einsora.common.bus.publish import message_headers, new_traceparent, publish, request_id_of
+from einsora.common.bus.publish import (
+    message_headers,
+    new_traceparent,
+    publish,
+    request_id_of,
+    traceparent_of,
+)
 
 __all__ = [
     "CredentialRefused",
     "DurableConsumer",
+    "KeyState",
     "KvMirror",
     "ProvisionReport",
     "bind_bucket",
+    "close_quietly",
     "connect",
     "connect_as",
     "identities",
@@ -22,8 +36,11 @@ __all__ = [
     "new_traceparent",
     "provision",
     "publish",
+    "read_bucket",
+    "read_records",
     "request_id_of",
     "stream_configs",
     "tls_trusting",
+    "traceparent_of",
     "watch_key",
 ]

@@ -69,7 +69,8 @@ async def connect(
     startup_timeout: float = 5.0,
     report_start: bool = True,
 ) -> NATS:
-    """Connect to `url`, reconnecting for ever after the first success.
+    """Connect to `url` (or to any node of a cluster: URLs separated by commas), reconnecting
+    for ever after the first success.
 
     With `credentials`, the client proves it holds that identity's nkey seed; with `token`, it
     sends it as its `auth_token` (a machine credential, which Lab's auth callout maps to the
@@ -143,7 +144,9 @@ async def connect(
     if tls is not None:
         options["tls"] = tls
     nc = NATS()
-    attempt = asyncio.ensure_future(nc.connect(url, **options))
+    # A cluster's nodes, comma-separated (Lab): nats-py tries each, and fails over between them.
+    servers: str | list[str] = [u.strip() for u in url.split(",")] if "," in url else url
+    attempt = asyncio.ensure_future(nc.connect(servers, **options))
     refusal = asyncio.ensure_future(refused.wait())
     try:
         await asyncio.wait(
@@ -168,6 +171,17 @@ async def connect(
         f"cannot reach NATS at {where} within {startup_timeout:g} s: is nats-server running "
         "there? Set EINSORA_NATS_URL (or --nats) to the right address."
     ) from failure
+
+
+async def close_quietly(nc: NATS | None) -> None:
+    """Close a client at shutdown, whatever became of its server: nats-py's close writes what
+    it still holds to a transport that uvloop may have closed already (a RuntimeError) or
+    waits on a flush that cannot end. A service stopping must not fail on that (nothing is
+    lost: every write it waits for has come or failed by then)."""
+    if nc is None or nc.is_closed:
+        return
+    with contextlib.suppress(NatsError, OSError, TimeoutError, RuntimeError):
+        await nc.close()
 
 
 async def _abandon(nc: NATS, attempt: asyncio.Future[None]) -> None:

@@ -42,6 +42,7 @@ from pydantic import ValidationError
 from einsora.common import logs
 from einsora.common.bus import names
 from einsora.common.errors import EinsoraError
+from einsora.common.runloop import raise_if_cancelled
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry
@@ -166,6 +167,11 @@ class DurableConsumer:
         self.terminated: Counter[str] = Counter()
         self.redelivered: Counter[str] = Counter()
         self._exported = _prometheus_counters(registry)
+        if self._exported is not None:  # every series from the start, at zero
+            for reason in (Reason.retryable, Reason.unexpected):
+                self._exported[0].labels(durable, reason)
+            for reason in (Reason.non_retryable, Reason.unparseable):
+                self._exported[1].labels(durable, reason)
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
 
@@ -208,11 +214,8 @@ class DurableConsumer:
 
     async def _run(self) -> None:
         sub = None
-        me = asyncio.current_task()
         while not self._stopping.is_set():
-            if me is not None and me.cancelling():
-                # nats-py turns a cancelled fetch into a timeout; do not loop on after cancel().
-                raise asyncio.CancelledError
+            raise_if_cancelled()  # nats-py turns a cancelled fetch into a timeout
             try:
                 if sub is None:
                     sub = await self._js.pull_subscribe_bind(

@@ -6,7 +6,8 @@ only its public key, and the client proves it holds the seed, kept 0600 in
 `<credentials dir>/<identity>.nk`. The permission templates here are the only place that says
 which subjects each service may use:
 - only the api answers `access.redeem`;
-- only the scheduler writes machines' `desired` keys and publishes workload events;
+- only the scheduler writes machines' `desired` keys and its region's leader lease, and publishes
+  workload events;
 - only the proxy (and later the gateway) read the `routes` bucket, which holds workloads' tokens;
 - an agent reaches its own machine's keys and nothing else (the template FIELD-NOTES checked).
 Each identity has its own inbox prefix, so no one reads another's replies.
@@ -125,6 +126,8 @@ def service_permissions(identity: str) -> Permissions:
                 # last-by-subject form, only on intent subjects.
                 f"$JS.API.DIRECT.GET.{names.INTENTS.name}.{names.INTENTS.subjects[0]}",
                 *_consumes(names.EVENTS.name),
+                # The gateway's token counts, for each key's last use (issue 18).
+                *_consumes(names.USAGE.name),
                 # It watches inventories and observed states for /v1/machines. nats-py's
                 # watch creates consumers through the unfiltered API, so this cannot be
                 # narrowed to those keys (ADR-0009 names the residual).
@@ -142,6 +145,11 @@ def service_permissions(identity: str) -> Permissions:
                 # start-up to put right what a crash left.
                 f"{names.ENROLMENTS.subject_prefix}*",
                 *_reads_bucket(names.ENROLMENTS),
+                # /v1/regions: each region's scheduler, alive or not, and its free capacity.
+                *_reads_bucket(names.REGIONS),
+                # Endpoints' model fallbacks for the gateway (ADR-0022), repaired by a pass.
+                f"{names.MODEL_FALLBACKS.subject_prefix}*",
+                *_reads_bucket(names.MODEL_FALLBACKS),
             ),
             publish_deny=(*_NEVER, names.DESIRED_SUBJECTS),
             subscribe=(inbox, names.ACCESS_REDEEM_SUBJECT, names.TOKENS_REVOKED_SUBJECT),
@@ -156,12 +164,22 @@ def service_permissions(identity: str) -> Permissions:
                 *_consumes(names.INTENTS.name),
                 *_reads_bucket(names.MACHINES),
                 names.DESIRED_SUBJECTS,
+                # Its region's leader lease: the term (taken by compare-and-set) and the
+                # heartbeat, both in `machines` beside the desired states they fence (ADR-0021).
+                names.LEADER_SUBJECTS,
                 # It writes and lists routes (it made their tokens); reading a value is the
                 # proxy's and gateway's alone.
                 f"{names.ROUTES.subject_prefix}>",
                 *_consumes(names.ROUTES.stream),
                 *_reads_bucket(names.USAGE_KV),
                 *_reads_bucket(names.ENROLMENTS),
+                # A region step hands a workload over to the next region's scheduler, and an
+                # intent that arrives after it is passed on there (ADR-0022).
+                names.INTENTS.subjects[0],
+                # Its own region's heartbeat, and the other regions' (a region step goes only
+                # to a region whose scheduler is up).
+                f"{names.REGIONS.subject_prefix}*",
+                *_reads_bucket(names.REGIONS),
             ),
             publish_deny=(
                 *_NEVER,
@@ -194,6 +212,8 @@ def service_permissions(identity: str) -> Permissions:
                 # Limits shared by every gateway replica: reads, and compare-and-set puts.
                 *_reads_bucket(names.GATEWAY_LIMITS),
                 f"{names.GATEWAY_LIMITS.subject_prefix}>",
+                # An endpoint's model fallbacks: where a request goes when no replica answers.
+                *_reads_bucket(names.MODEL_FALLBACKS),
                 "usage.tokens.*",
                 *_consumes(names.EVENTS.name),
             ),

@@ -7,11 +7,23 @@ watches its one key through an ordered consumer with a pinned name and a filter 
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
+from typing import TypeVar
+
+import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
-from nats.js.kv import KeyValue
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+from pydantic import ValidationError
 
 from einsora.common.bus.names import BucketName
+from einsora.common.schemas.base import Message
+
+M = TypeVar("M", bound=Message)
+
+READ_TIMEOUT_S = 10.0
+"""The longest wait for the next key of a bucket read."""
 
 
 def bind_bucket(js: JetStreamContext, bucket: BucketName) -> KeyValue:
@@ -36,3 +48,48 @@ async def watch_key(
         config=ConsumerConfig(name=consumer_name),
         deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class KeyState:
+    """A key as a read of its bucket found it."""
+
+    revision: int
+    value: bytes | None
+    """None: a delete marker."""
+
+
+async def read_bucket(
+    kv: KeyValue, keys: str = ">", *, timeout_s: float = READ_TIMEOUT_S
+) -> dict[str, KeyState]:
+    """Every key matching `keys`, with its latest revision and value, deleted ones included:
+    one watch read up to nats-py's "initial values done" marker, then stopped."""
+    watcher = await kv.watch(keys)
+    try:
+        found: dict[str, KeyState] = {}
+        while True:
+            entry = await watcher.updates(timeout=timeout_s)  # type: ignore[no-untyped-call]
+            if entry is None:  # nats-py's "initial values done" marker
+                return found
+            deleted = entry.operation in (KV_DEL, KV_PURGE)
+            found[entry.key] = KeyState(
+                entry.revision or 0, None if deleted else (entry.value or b"")
+            )
+    finally:
+        with contextlib.suppress(nats.errors.Error, OSError, TimeoutError):
+            await watcher.stop()  # type: ignore[no-untyped-call]
+
+
+async def read_records(
+    kv: KeyValue, model: type[M], keys: str = ">", *, timeout_s: float = READ_TIMEOUT_S
+) -> dict[str, M | None]:
+    """Every live key matching `keys` with its record; None where it does not parse."""
+    found: dict[str, M | None] = {}
+    for key, state in (await read_bucket(kv, keys, timeout_s=timeout_s)).items():
+        if state.value is None:
+            continue
+        try:
+            found[key] = model.from_bytes(state.value)
+        except ValidationError:
+            found[key] = None
+    return found

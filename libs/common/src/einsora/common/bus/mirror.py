@@ -29,6 +29,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from einsora.common.bus.kv import bind_bucket
 from einsora.common.bus.names import BucketName
+from einsora.common.runloop import raise_if_cancelled
 
 log = logging.getLogger("einsora.bus.mirror")
 
@@ -102,6 +103,7 @@ class KvMirror:
     async def _run(self) -> None:
         full = True  # every read but an audit's delivers every value
         while True:
+            raise_if_cancelled()
             reconnects = self._nc.stats["reconnects"]
             try:
                 watchers = await self._resync(full=full)
@@ -110,6 +112,7 @@ class KvMirror:
                 audit = await self._follow(watchers, reconnects)
                 full = not audit or self._nc.stats["reconnects"] != reconnects
             except _FAILURES as exc:
+                raise_if_cancelled()
                 # Before its first read, a bucket not made yet is the api still starting (its
                 # service makes the buckets): no warning a person should read.
                 early = isinstance(exc, NotFoundError) and not self._synced.is_set()
@@ -121,6 +124,7 @@ class KvMirror:
                 full = True
                 await asyncio.sleep(self._retry_s)
             except Exception:
+                raise_if_cancelled()
                 # A mirror that stopped would serve stale values (and never revoke): go on.
                 log.exception(
                     "kv mirror failed unexpectedly; retrying", extra={"bucket": self._bucket.name}

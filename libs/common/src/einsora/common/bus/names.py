@@ -178,7 +178,31 @@ ENROLMENTS: Final = BucketName(
     max_value_size=16 * 1024,
     allow_rollup=False,
 )
-BUCKETS: Final = (MACHINES, ROUTES, USAGE_KV, GATEWAY_KEYS, GATEWAY_LIMITS, ENROLMENTS)
+REGIONS: Final = BucketName(
+    "regions",
+    "Each region's scheduler: a heartbeat every few seconds (liveness) and its free capacity "
+    "per class (scheduler → api, the other regions' schedulers).",
+    max_value_size=64 * 1024,
+    allow_rollup=False,
+)
+MODEL_FALLBACKS: Final = BucketName(
+    "model_fallbacks",
+    "Each endpoint's fallback models (its `{\"model\": …}` steps), by the endpoint's workload "
+    "id: where the gateway sends a request when no replica of the model answers "
+    "(api → gateway).",
+    max_value_size=16 * 1024,
+    allow_rollup=False,
+)
+BUCKETS: Final = (
+    MACHINES,
+    ROUTES,
+    USAGE_KV,
+    GATEWAY_KEYS,
+    GATEWAY_LIMITS,
+    ENROLMENTS,
+    REGIONS,
+    MODEL_FALLBACKS,
+)
 
 
 def desired_key(machine_id: str) -> str:
@@ -219,6 +243,48 @@ def desired_watch_consumer(machine_id: str) -> str:
     return f"{_token(machine_id)}_desired"
 
 
+LEADER_KEY_PREFIX: Final = "_leader"
+"""Keys of the region schedulers' leader lease live in `machines` under this prefix (ADR-0021):
+in the same stream as the desired states they fence, never a machine's (an agent reaches only
+its own `<machine>.*` keys, and no machine key has three tokens)."""
+
+
+def leader_term_key(region: str) -> str:
+    """`_leader.<region>.term` in `machines`: who leads the region's scheduling, in which term
+    (`LeaderLease`). Written only when the lease changes hands; every desired-state write of
+    the leader carries its revision as the fence (`FENCE_HEADERS`), so NATS refuses the writes
+    of a deposed leader."""
+    return f"{LEADER_KEY_PREFIX}.{_token(region)}.term"
+
+
+def leader_heartbeat_key(region: str) -> str:
+    """`_leader.<region>.heartbeat` in `machines`: the leader renews its lease here every
+    fraction of the lease (`LeaderLease`, fenced like a desired state); a standby takes over
+    after a lease's length without one."""
+    return f"{LEADER_KEY_PREFIX}.{_token(region)}.heartbeat"
+
+
+LEADER_SUBJECTS: Final = f"{MACHINES.subject_prefix}{LEADER_KEY_PREFIX}.*.*"
+"""Every region's lease keys as a subject filter (the scheduler's to write)."""
+
+EXPECTED_LAST_SUBJECT_SEQUENCE_HEADER: Final = "Nats-Expected-Last-Subject-Sequence"
+"""JetStream stores the message only if the last message of a subject has this sequence."""
+
+EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT_HEADER: Final = "Nats-Expected-Last-Subject-Sequence-Subject"
+"""...of this subject rather than the message's own (nats-server 2.11+): the lease's term key,
+so a desired-state write is stored only while the writer's term is the region's latest."""
+
+
+def fence_headers(region: str, term_revision: int) -> dict[str, str]:
+    """The headers that fence a leader's write on the revision of its region's term key."""
+    return {
+        EXPECTED_LAST_SUBJECT_SEQUENCE_HEADER: str(term_revision),
+        EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT_HEADER: MACHINES.key_subject(
+            leader_term_key(region)
+        ),
+    }
+
+
 def enrolment_key(machine_id: str) -> str:
     """`<machine>` in `enrolments`."""
     return _token(machine_id)
@@ -247,6 +313,16 @@ def tenant_usage_key(tenant_id: str) -> str:
 def tenant_quota_key(tenant_id: str) -> str:
     """`quota.<id>` in `usage`: its quota (api)."""
     return f"quota.{_token(tenant_id)}"
+
+
+def region_key(region: str) -> str:
+    """`<region>` in `regions`: that region's scheduler (`RegionStatus`)."""
+    return _token(region)
+
+
+def model_fallback_key(workload_id: str) -> str:
+    """`<endpoint workload id>` in `model_fallbacks`."""
+    return _token(workload_id)
 
 
 def agent_inbox_prefix(machine_id: str) -> str:

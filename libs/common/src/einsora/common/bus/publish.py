@@ -3,6 +3,11 @@
 Every message says which request caused it (`Einsora-Request-Id`), carries trace context
 (`traceparent`), and, when the publish may be retried, a `Nats-Msg-Id` so JetStream drops the
 duplicate.
+
+The trace context is the request's, never made up per message when there is one: while tracing
+is on, that of the span sending the message (so the receiver's spans join the same trace); while
+it is off, the `traceparent` the caller carried along (the one the request came with, kept in the
+outbox or on the workload). Only a message no request caused gets a fresh one.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import secrets
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
+from einsora.common import telemetry
 from einsora.common.bus import names
 from einsora.common.schemas.base import Message
 
@@ -24,7 +30,10 @@ def new_traceparent() -> str:
 def message_headers(
     *, request_id: str, msg_id: str | None = None, traceparent: str | None = None
 ) -> dict[str, str]:
-    """The headers of a message caused by `request_id`."""
+    """The headers of a message caused by `request_id`, in the trace of the span sending it
+    (tracing on), else of `traceparent`."""
+    if telemetry.ON:
+        traceparent = telemetry.current_traceparent() or traceparent
     headers = {
         names.REQUEST_ID_HEADER: request_id,
         names.TRACEPARENT_HEADER: traceparent or new_traceparent(),
@@ -58,3 +67,10 @@ def request_id_of(headers: dict[str, str] | None) -> str | None:
     if not headers:
         return None
     return headers.get(names.REQUEST_ID_HEADER)
+
+
+def traceparent_of(headers: dict[str, str] | None) -> str | None:
+    """The trace context a received message carries, if any."""
+    if not headers:
+        return None
+    return headers.get(names.TRACEPARENT_HEADER)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from pydantic import Field
+
 from einsora.common.schemas.base import Message
 from einsora.common.vocab import WorkloadKind
 
@@ -33,6 +35,9 @@ class Route(Message):
     via_tunnel: bool = False
     """Reached through the tunnel machine `machine_id`'s agent dialed (`host` and `port` are then
     the workload's address on that machine); False: directly at `host:port`."""
+    ports: dict[str, int] = Field(default_factory=dict)
+    """Its other ports on `host` by what they carry (`Endpoint.ports`): a VM's `ssh`, `console`
+    and `http`."""
 
 
 class AccessRedeemRequest(Message):

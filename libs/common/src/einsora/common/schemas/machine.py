@@ -48,6 +48,15 @@ class DesiredWorkload(Message):
     resources: Resources = Field(default_factory=Resources)
     access_token: str | None = None
     """The workload's own token (e.g. Jupyter's), made by the control plane; never in a URL."""
+    traceparent: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The trace of the request that last acted on it (tracing on): the agent's driver action
+    joins it. Left out of the value when None, so a scheduler without tracing writes what it
+    always did."""
+    request_id: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    """That request's ID, for the agent's spans and logs (sent with `traceparent` only)."""
+    driver: str | None = None
+    """The driver the scheduler chose for it on this machine (`process`, `docker`, `libvirt`,
+    …); None: the agent's own default (desired states from before drivers were chosen)."""
 
 
 class DesiredState(Message):
@@ -78,6 +87,9 @@ class Endpoint(Message):
     runtime: str | None = None
     """What serves an endpoint there (`EndpointRuntime`, or `sim` when simulated): the gateway
     counts tokens by it."""
+    ports: dict[str, int] = Field(default_factory=dict)
+    """Its other ports on `host`, by what they carry: a VM's `ssh` and `console` (its serial
+    console's relay) and, when it serves one, `http` (then also `port`)."""
 
 
 class ObservedWorkload(Message):
@@ -116,6 +128,38 @@ class Gpu(Message):
     memory_mib: int
     mig: bool = False
     health: GpuHealth = GpuHealth.ok
+    pci_address: str | None = None
+    """Its PCI address (`0000:65:00.0`), where the machine reports it."""
+    iommu_group: int | None = None
+    """Its IOMMU group; None: no IOMMU (or not reported), so no passthrough."""
+    passthrough: bool = False
+    """Whether a VM can be given it whole through VFIO (`passthrough_note` says why not)."""
+    passthrough_note: str = ""
+
+
+class Virtualization(StrEnum):
+    """How the libvirt driver runs VMs on a machine."""
+
+    kvm = "kvm"
+    """Hardware virtualization (the `kvm_intel` or `kvm_amd` module is loaded)."""
+    emulated = "emulated"
+    """Software emulation (qemu's TCG): much slower, but it boots anywhere."""
+
+
+class DriverReport(Message):
+    """What an agent found of one driver's engine: whether it is there, and the facts that
+    decide what the scheduler may give it. The isolation it gives is the catalog's to say."""
+
+    name: str
+    available: bool
+    detail: str = ""
+    """In words: the engine's version and address, or why it is not available."""
+    virtualization: Virtualization | None = None
+    """libvirt: KVM or software emulation."""
+    runtimes: list[str] = Field(default_factory=list)
+    """docker: the OCI runtimes the engine has (`runc`, `kata`, `nvidia`, …)."""
+    gpus: bool = False
+    """Whether it can give workloads GPUs (VFIO passthrough; NVIDIA's container toolkit)."""
 
 
 class Inventory(Message):
@@ -132,6 +176,10 @@ class Inventory(Message):
     apple_chip: str | None = None
     unified_memory_mib: int | None = None
     drivers: list[str] = Field(default_factory=list)
+    """The drivers it can run workloads with now (an engine that is not reachable is not
+    listed; `engines` says why)."""
+    engines: list[DriverReport] = Field(default_factory=list)
+    """What it found of each engine-backed driver (libvirt, docker), reachable or not."""
     runtimes: list[str] = Field(default_factory=list)
     """Endpoint runtimes this machine can serve (`EndpointRuntime` values); the sim driver
     simulates them all."""
@@ -224,3 +272,15 @@ class Enrolment(Message):
     @property
     def revoked(self) -> bool:
         return self.revoked_at is not None
+
+
+class LeaderLease(Message):
+    """`_leader.<region>.term` and `.heartbeat` in `machines`: which scheduler leads a region's
+    scheduling, in which term (ADR-0021). `released`: its holder stopped cleanly, so a standby
+    may take over at once."""
+
+    region: str
+    holder: str
+    term: int = Field(ge=1)
+    at: datetime = Field(default_factory=utcnow)
+    released: bool = False

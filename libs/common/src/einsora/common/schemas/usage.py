@@ -26,6 +26,9 @@ class ReportGroup(StrEnum):
     """Tokens by gateway key and count source: each item's `group` is `<key_id>/<source>`
     (`key_source_group`), the source `upstream`, `tokenizer`, `estimate`, or `unknown` for
     hours counted before accounting kept the source."""
+    endpoint = "endpoint"
+    """Tokens by the replica that served them (its workload id); no allocations (the api
+    takes an endpoint's hours from `workload` and folds replicas into their endpoint)."""
     klass = "class"
     region = "region"
     day = "day"

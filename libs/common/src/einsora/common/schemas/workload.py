@@ -8,11 +8,18 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from einsora.common.schemas.base import Message, utcnow
+from einsora.common.schemas.fallback import (
+    MAX_FALLBACK_AFTER_S,
+    MAX_STEPS,
+    FallbackStep,
+    Handover,
+    steps_of,
+)
 from einsora.common.vocab import WorkloadKind, WorkloadState
 
 TERMINAL_STATES = frozenset({WorkloadState.removed})
@@ -49,7 +56,19 @@ class WorkloadIntent(Message):
     class_name: str = Field(alias="class")
     count: int = Field(default=1, ge=1)
     spec: dict[str, Any] = Field(default_factory=dict)
-    fallback: list[str] = Field(default_factory=list)
+    fallback: Annotated[list[FallbackStep], BeforeValidator(steps_of)] = Field(
+        default_factory=list, max_length=MAX_STEPS
+    )
+    """Its opt-in substitutes, in order (ADR-0022)."""
+    fallback_after_s: float = Field(default=0.0, ge=0, le=MAX_FALLBACK_AFTER_S)
+    """How long it stays queued at one step before the next is tried."""
+    replica: int = Field(default=1, ge=1)
+    """Which of its endpoint's replicas it is (1: the endpoint itself; a `replicas` step
+    lets those past its number stop holding up others)."""
+    handover: Handover | None = None
+    """Set on a create that a region step republished to this region (ADR-0022)."""
+    forwarded: int = Field(default=0, ge=0)
+    """How many schedulers passed this intent on to the region that now holds the workload."""
     at: datetime = Field(default_factory=utcnow)
 
 
@@ -100,6 +119,10 @@ class WorkloadEvent(Message):
     at: datetime = Field(default_factory=utcnow)
     placement: Placement | None = None
     request_id: str | None = None
+    region: str | None = None
+    """The region whose scheduler holds the workload after this event: its own, or for a
+    region step's note the next region's (the api sends later intents there). None from
+    schedulers before ADR-0022."""
     metered: Metered | None = None
     """On a transition of a placed workload: what it holds, for accounting. `at` is then the
     moment the change happened on the control plane's clock: when the agent's report of it was

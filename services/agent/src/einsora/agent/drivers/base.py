@@ -1,7 +1,8 @@
 """The one small interface every driver implements: start, observe, stop, adopt.
 
 A driver knows how to run one kind of thing (nothing at all for `sim`, a local process for
-`process`); the supervisor above it decides *when* to start and stop. A driver never talks to the
+`process`, a container for `docker`, a VM for `libvirt`); the supervisor above it decides *when*
+to start, park and stop. A driver never talks to the
 bus and never decides a workload's target: it only reports what it sees.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from einsora.common.errors import EinsoraError
 from einsora.common.schemas import DesiredWorkload, Endpoint, ObservedPhase
@@ -76,6 +77,11 @@ class Driver(Protocol):
         """Stop it: a polite request, then force after `grace_s`. Idempotent."""
         ...
 
+    async def park(self, handle: Handle, grace_s: float) -> str:
+        """Stop it keeping what a resume needs (a VM's memory too, where it can), and say how
+        in words for the timeline ("" when there is nothing more to say than "parked")."""
+        ...
+
     def record(self, handle: Handle) -> dict[str, Any] | None:
         """What to persist so a restarted agent can adopt it (None: nothing survives a restart)."""
         ...
@@ -86,4 +92,16 @@ class Driver(Protocol):
 
     async def delete(self, workdir: Path) -> None:
         """Delete a stopped workload's files: `workdir` last (raises OSError)."""
+        ...
+
+
+@runtime_checkable
+class Discovers(Protocol):
+    """A driver whose engine knows the workloads it runs (a domain's name, a container's
+    label), so a restarted agent finds them even without their records."""
+
+    name: str
+
+    async def discover(self, machine_id: str) -> dict[str, dict[str, Any]]:
+        """Records (as `record` makes them) of this machine's running workloads, by id."""
         ...

@@ -33,11 +33,13 @@ _T = TypeVar("_T")
 class Probe:
     """How to tell that a workload serving at `host:port` is ready.
 
-    `kind` is `tcp` (a connection is accepted) or `http` (a GET of `path` answers with
-    `expect_status`, or with any status below 500 when it is None).
+    `kind` is `tcp` (a connection is accepted), `http` (a GET of `path` answers with
+    `expect_status`, or with any status below 500 when it is None) or `ssh` (an SSH server
+    greets: a forwarded port accepts connections before anything listens behind it, so only
+    the greeting tells).
     """
 
-    kind: Literal["tcp", "http"]
+    kind: Literal["tcp", "http", "ssh"]
     port: int
     host: str = "127.0.0.1"
     path: str = "/"
@@ -58,7 +60,7 @@ class Probe:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Probe:
         kind = data.get("kind")
-        if kind not in ("tcp", "http"):
+        if kind not in ("tcp", "http", "ssh"):
             raise ValueError(f"unknown probe kind {kind!r}")
         return cls(
             kind=kind,
@@ -143,6 +145,17 @@ async def _check(probe: Probe) -> str | None:
         writer.close()
         with contextlib.suppress(OSError):
             await writer.wait_closed()
+        return None
+    if probe.kind == "ssh":
+        reader, writer = await asyncio.open_connection(probe.host, probe.port)
+        try:
+            greeting = await reader.readline()
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+        if not greeting.startswith(b"SSH-"):
+            return f"no SSH server greets on port {probe.port} yet"
         return None
     headers: dict[str, str] = {}
     if probe.token_file is not None:

@@ -156,6 +156,10 @@ class ProcessDriver:
         if handle.uid is not None:  # its uid is its alone: whatever still runs as it is its own
             await asyncio.to_thread(isolation.kill_all_of, handle.uid)
 
+    async def park(self, handle: Handle, grace_s: float) -> str:
+        await self.stop(handle, grace_s)
+        return ""
+
     def record(self, handle: Handle) -> dict[str, Any] | None:
         assert isinstance(handle, ProcessHandle)
         return {

@@ -129,6 +129,10 @@ class SimDriver:
         if handle.server is not None:
             await handle.server.stop()
 
+    async def park(self, handle: Handle, grace_s: float) -> str:
+        await self.stop(handle, grace_s)
+        return ""
+
     def record(self, handle: Handle) -> dict[str, Any] | None:
         return None
 

@@ -19,6 +19,7 @@ from einsora.api.routers import (
     machine_sharing,
     machines,
     quotas,
+    sessions,
     tenants,
     tokens,
     usage,
@@ -39,6 +40,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     usage.router,
     activity.router,
     tokens.router,
+    sessions.router,
     gateway_keys.router,
     health.router,
 )

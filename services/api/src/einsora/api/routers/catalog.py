@@ -18,24 +18,38 @@ Page = Annotated[PageQuery, Query()]
 
 @router.get(
     "/v1/classes",
-    summary="The GPU and CPU classes, with the regions that offer each now",
+    summary="The GPU and CPU classes, with the regions that offer each now and how many more "
+    "the machines you may use could take",
     response_model=ClassPage,
     responses=errors(*AUTH_ERRORS, *PARAM_ERRORS),
 )
 async def list_classes(call: Me, query: Page) -> Response:
     ctx = call.ctx
-    return reply(catalog.list_classes(ctx.catalog, ctx.machines.snapshot(), query))
+    machines = ctx.machines.snapshot()
+    mine = machine_sharing.visible(machines, call.me, community_pool=ctx.settings.community_pool)
+    placed = await catalog.booked(ctx.store, [r.machine_id for r in mine])
+    free = catalog.free_by_class(ctx.catalog, mine, placed)
+    return reply(catalog.list_classes(ctx.catalog, machines, query, free))
 
 
 @router.get(
     "/v1/regions",
-    summary="The regions: this api's own and every region a machine reports",
+    summary="The regions (this api's own, every machine's, every scheduler's), each with its "
+    "scheduler's liveness and free capacity per class",
     response_model=RegionPage,
     responses=errors(*AUTH_ERRORS, *PARAM_ERRORS),
 )
 async def list_regions(call: Me, query: Page) -> Response:
     ctx = call.ctx
-    return reply(catalog.list_regions(ctx.settings.region, ctx.machines.snapshot(), query))
+    return reply(
+        catalog.list_regions(
+            ctx.settings.region,
+            ctx.machines.snapshot(),
+            query,
+            ctx.regions.snapshot(),
+            ctx.clock(),
+        )
+    )
 
 
 @router.get(

@@ -21,6 +21,7 @@ from einsora.api.deps import (
     reply,
     traceparent_of,
 )
+from einsora.api.model_fallbacks_sync import model_fallback
 from einsora.api.routers import events
 from einsora.api.routers.events import LastEventId, stream_responses
 from einsora.api.schemas.common import PageQuery
@@ -31,8 +32,9 @@ from einsora.api.schemas.workloads import (
     WorkloadOut,
     WorkloadPage,
 )
-from einsora.api.services import timeline, workloads
-from einsora.common.schemas import IntentAction
+from einsora.api.services import machine_sharing, timeline, workloads
+from einsora.api.services.fallback import has_steps
+from einsora.common.schemas import IntentAction, StepKind
 
 router = APIRouter(tags=["workloads"], generate_unique_id_function=operation_id)
 
@@ -65,21 +67,38 @@ async def create_workload(
 ) -> Response:
     ctx = call.ctx
     settings = ctx.settings
+    # The api's own region needs no look at every machine (a launch's hot path), unless its
+    # fallback chain names regions or machines (ADR-0022).
+    places = has_steps(body, StepKind.region, StepKind.machine)
+    wide = places or body.region not in (None, settings.region)
+    snapshot = ctx.machines.snapshot() if wide else []
     out, replayed = await workloads.create(
         ctx.store,
         ctx.catalog,
         call.me,
         body,
         default_region=settings.region,
-        # The api's own region needs no look at every machine (a launch's hot path).
-        regions={settings.region}
-        if body.region in (None, settings.region)
-        else workloads.known_regions(settings.region, ctx.machines.snapshot()),
+        regions=workloads.known_regions(settings.region, snapshot, ctx.regions.snapshot())
+        if wide
+        else {settings.region},
         default_cap=settings.tenant_max_workloads,
         request_id=call.request_id,
         traceparent=traceparent_of(traceparent),
         idempotency_key=idempotency_key,
+        machines={
+            r.machine_id: r
+            for r in machine_sharing.visible(
+                snapshot, call.me, community_pool=settings.community_pool
+            )
+        }
+        if places
+        else None,
+        waits_because=ctx.regions.why_down(body.region or settings.region, ctx.clock()),
     )
+    if not replayed and ctx.model_fallbacks is not None:
+        record = model_fallback(out.id, out.tenant_id, out.name, list(out.fallback))
+        if record is not None:  # before the 201: the gateway can fall back at once
+            await ctx.model_fallbacks.put(record)
     return reply(out, 201, {"Idempotent-Replayed": "true"} if replayed else None)
 
 

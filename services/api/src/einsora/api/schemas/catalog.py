@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -22,15 +23,48 @@ class ClassOut(BaseModel):
     memory_gib: float
     cpus: float
     regions: list[str]
+    free: int | None = Field(
+        default=None,
+        description="how many workloads of this class (count 1) the machines you may use could "
+        "take now: an estimate from what their owners lend and what is placed there (the "
+        "scheduler decides); null when not counted",
+    )
 
 
 class ClassPage(Page[ClassOut]):
     pass
 
 
+class SchedulerOut(BaseModel):
+    """A region's scheduler, as its last heartbeat says (ADR-0022)."""
+
+    state: Literal["up", "down", "unknown"] = Field(
+        description="down: it stopped or went silent; unknown: none has reported since this "
+        "api started"
+    )
+    last_seen: datetime | None = Field(description="its last heartbeat (its own clock)")
+    reason: str | None = Field(
+        default=None,
+        description="why launches there wait, while it is down",
+        examples=["region office's scheduler is not reporting (last heard of at 12:00:01 UTC)"],
+    )
+
+
 class RegionOut(BaseModel):
+    """A region: its machines, its scheduler's liveness, and its free capacity per class."""
+
     name: str
-    machines: int
+    machines: int = Field(description="machines enrolled in it")
+    scheduler: SchedulerOut
+    available_machines: int = Field(
+        default=0, description="of them, those its scheduler can place on now"
+    )
+    free: dict[str, int] = Field(
+        default_factory=dict,
+        description="by class, as its scheduler last said: free devices of a GPU class; for "
+        "a CPU class, how many of it would fit",
+    )
+    queued: int = Field(default=0, description="workloads waiting there for room")
 
 
 class RegionPage(Page[RegionOut]):

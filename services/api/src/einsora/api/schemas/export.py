@@ -35,7 +35,10 @@ class ExportedWorkloadOut(BaseModel):
     count: int
     region: str
     spec: dict[str, Any] = Field(description="As submitted, every secret in it `REDACTED`")
-    fallback: list[str]
+    fallback: list[dict[str, Any]] = Field(
+        description='Its fallback chain, e.g. [{"class": "a100-80gb"}, {"region": "office"}]'
+    )
+    fallback_after_s: float = 0.0
     state: WorkloadState = Field(description="Its state when exported")
     placement: PlacementOut | None = Field(description="Where it runs when exported")
     created_at: datetime

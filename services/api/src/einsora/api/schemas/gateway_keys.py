@@ -52,6 +52,11 @@ class GatewayKeyOut(BaseModel):
     max_tokens_default: int
     expires_at: datetime | None
     created_at: datetime
+    last_used_at: datetime | None = Field(
+        default=None,
+        description="when the gateway last counted a request with it (learnt from its token "
+        "counts within seconds); null: never",
+    )
 
 
 class GatewayKeyCreated(BaseModel):

@@ -22,6 +22,7 @@ class UsageGroupBy(StrEnum):
     user = "user"
     klass = "class"
     workload = "workload"
+    endpoint = "endpoint"
     region = "region"
     day = "day"
 
@@ -39,7 +40,9 @@ class UsageQuery(Query):
     )
     group_by: UsageGroupBy = Field(
         default=UsageGroupBy.tenant,
-        description="`user` sums by the user who launched the workload or owns the gateway key",
+        description="`user` sums by the user who launched the workload or owns the gateway "
+        "key; `endpoint` sums each endpoint's hours and the tokens it served, its replicas' "
+        "with its own (a member: the hours of their endpoints, the tokens of their keys)",
     )
     tenant: str | None = Field(
         default=None,
@@ -53,7 +56,8 @@ class UsageItemOut(BaseModel):
     utilization), and tokens counted by the gateway."""
 
     group: str = Field(
-        description="The tenant id, username, class, workload id, region or day (YYYY-MM-DD)"
+        description="The tenant id, username, class, workload id, endpoint id, region or day "
+        "(YYYY-MM-DD)"
     )
     gpu_hours: float
     cpu_core_hours: float

@@ -7,10 +7,16 @@ import json
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from einsora.api.schemas.common import Label, Page, PageQuery, RequestBody
-from einsora.common.schemas import EventKind, WorkloadKind, WorkloadState
+from einsora.common.schemas import (
+    MAX_FALLBACK_AFTER_S,
+    MAX_STEPS,
+    EventKind,
+    WorkloadKind,
+    WorkloadState,
+)
 
 CLASS_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 REGION_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
@@ -18,6 +24,42 @@ MAX_SPEC_BYTES = 64 * 1024
 """A spec is a workload's inputs (image, model, env), not its data."""
 
 ClassName = Annotated[str, Field(pattern=CLASS_PATTERN, examples=["cpu-1c-2g"])]
+MACHINE_PATTERN = r"^m-[a-z0-9]{1,62}$"
+
+
+class FallbackStepIn(RequestBody):
+    """One substitute of a fallback chain: exactly one of its fields (ADR-0022)."""
+
+    class_name: ClassName | None = Field(
+        default=None, alias="class", description="another class of the catalog (CPU ones too)"
+    )
+    machine: str | None = Field(
+        default=None, pattern=MACHINE_PATTERN, description="one machine you may use"
+    )
+    region: str | None = Field(
+        default=None, pattern=REGION_PATTERN, description="the next region's scheduler"
+    )
+    model: Label | None = Field(
+        default=None,
+        description="an endpoint's: another of your endpoints, where the gateway sends its "
+        "requests when no replica of this one answers",
+    )
+    replicas: int | None = Field(
+        default=None, ge=1, description="an endpoint's: accept this many replicas"
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> FallbackStepIn:
+        given = [
+            v
+            for v in (self.class_name, self.machine, self.region, self.model, self.replicas)
+            if v is not None
+        ]
+        if len(given) != 1:
+            raise ValueError(
+                "a step names exactly one of class, machine, region, model or replicas"
+            )
+        return self
 
 
 class WorkloadCreate(RequestBody):
@@ -29,10 +71,19 @@ class WorkloadCreate(RequestBody):
     count: int = Field(default=1, ge=1, le=64)
     region: str | None = Field(default=None, pattern=REGION_PATTERN)
     spec: dict[str, Any] = Field(default_factory=dict)
-    fallback: list[ClassName] = Field(
+    fallback: list[FallbackStepIn] = Field(
         default_factory=list,
-        max_length=8,
-        description="Substitute classes, in order; not supported yet: a non-empty list is a 422",
+        max_length=MAX_STEPS,
+        description="Opt-in substitutes, tried in order when what it asks for has no room: "
+        '{"class": …}, {"machine": …}, {"region": …}, and for endpoints {"model": …} and '
+        '{"replicas": n}',
+        examples=[[{"class": "a100-80gb"}, {"class": "cpu-8c-32g"}]],
+    )
+    fallback_after_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=MAX_FALLBACK_AFTER_S,
+        description="How long it stays queued at one step before the next is tried (0: at once)",
     )
 
     @field_validator("spec")
@@ -84,7 +135,10 @@ class WorkloadOut(BaseModel):
     count: int
     region: str
     spec: dict[str, Any]
-    fallback: list[str]
+    fallback: list[dict[str, Any]] = Field(
+        description="Its fallback chain as given (a machine step shows the machine's region)"
+    )
+    fallback_after_s: float = 0.0
     state: WorkloadState
     placement: PlacementOut | None = None
     created_at: datetime

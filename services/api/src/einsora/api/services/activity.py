@@ -37,6 +37,7 @@ from einsora.api.services.tenants import visible_tenant
 from einsora.api.store import Store
 from einsora.common.bus import names
 from einsora.common.ids import is_id
+from einsora.common.runloop import raise_if_cancelled
 
 log = logging.getLogger("einsora.api.activity")
 
@@ -68,6 +69,12 @@ ACTIONS: dict[str, str] = {
     "revoke_invitation": "invitation.revoke",
     "accept_invitation": "invitation.accept",
     "redeem_invitation": "invitation.redeem",
+    "create_session": "session.begin",
+    "create_session_from_link": "session.begin",
+    "create_session_from_invitation": "invitation.redeem",
+    "end_session": "session.end",
+    "create_sign_in_link": "sign_in_link.create",
+    "set_password": "password.set",
 }
 
 REDEEM_ACTION = "access.redeem"
@@ -263,6 +270,7 @@ class ActivityRetention:
 
     async def _loop(self) -> None:
         while True:
+            raise_if_cancelled()
             try:
                 await self.purge_once()
             except Exception as exc:

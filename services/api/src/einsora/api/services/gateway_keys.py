@@ -45,6 +45,7 @@ _SHOWN = (
     _k.max_tokens_default,
     _k.expires_at,
     _k.created_at,
+    _k.last_used_at,
 )
 
 
@@ -126,6 +127,7 @@ def _out(row: Any) -> GatewayKeyOut:
         max_tokens_default=row.max_tokens_default,
         expires_at=row.expires_at,
         created_at=row.created_at,
+        last_used_at=row.last_used_at,
     )
 
 

@@ -216,9 +216,10 @@ async def _claim(conn: AsyncConnection, where: sa.ColumnElement[bool]) -> Row[tu
     return row
 
 
-async def _join(
-    conn: AsyncConnection, row: Row[tuple[object, ...]], user_id: str, token_name: str
-) -> Joined:
+async def admit(
+    conn: AsyncConnection, row: Row[tuple[object, ...]], user_id: str
+) -> tuple[TenantRef, Role]:
+    """Make `user_id` a member of the claimed invitation's tenant, with its role."""
     r = row._mapping
     tenant = TenantRef(id=r["tenant_id"], name=r["tenant_name"])
     already = await conn.scalar(
@@ -235,11 +236,18 @@ async def _join(
             tenant_id=tenant.id, user_id=user_id, role=r["role"], created_at=utcnow()
         )
     )
+    return tenant, Role(r["role"])
+
+
+async def _join(
+    conn: AsyncConnection, row: Row[tuple[object, ...]], user_id: str, token_name: str
+) -> Joined:
+    tenant, role = await admit(conn, row, user_id)
     token = await tokens.issue(conn, tenant_id=tenant.id, user_id=user_id, name=token_name)
     return Joined(
-        user=UserOut(id=user_id, username=r["username"]),
+        user=UserOut(id=user_id, username=row._mapping["username"]),
         tenant=tenant,
-        role=Role(r["role"]),
+        role=role,
         token=token,
     )
 
@@ -262,27 +270,44 @@ async def accept(store: Store, principal: Principal, invitation_id: str) -> Join
 async def redeem(store: Store, body: InvitationRedeem) -> Joined:
     """A new user opens their invitation's code: the user is made, with their first token."""
     async with store.write() as conn:
-        row = await _claim(
-            conn,
-            sa.and_(
-                m.invitations.c.secret_sha256 == _digest(body.code),
-                m.invitations.c.user_id.is_(None),
-            ),
-        )
-        username = row._mapping["username"]
-        # No token authenticated the redeemer: its row names the tenant (and the new user).
-        activity_actor(tenant_id=row._mapping["tenant_id"], user_id=None)
-        activity_target(row._mapping["id"])
-        taken = await conn.scalar(sa.select(m.users.c.id).where(m.users.c.username == username))
-        if taken is not None:
-            raise Conflict(
-                f"a user named {username!r} exists now; ask for an invitation to that user, "
-                "who accepts it signed in",
-                code="username_taken",
-            )
-        user_id = new_id("user")
-        await conn.execute(
-            sa.insert(m.users).values(id=user_id, username=username, created_at=utcnow())
-        )
-        activity_actor(tenant_id=row._mapping["tenant_id"], user_id=user_id)
+        row, user_id = await claim_for_new_user(conn, body.code)
         return await _join(conn, row, user_id, f"first token in {row.tenant_name}")
+
+
+async def claim_for_new_user(
+    conn: AsyncConnection, code: str, *, password_hash: str | None = None
+) -> tuple[Row[tuple[object, ...]], str]:
+    """Claim the open invitation of a new user by its code, and make that user (with a
+    password's hash, when the dashboard's invitation link set one): the invitation's row and
+    the new user's id. The caller makes the membership (`admit`) in the same transaction."""
+    row = await _claim(
+        conn,
+        sa.and_(
+            m.invitations.c.secret_sha256 == _digest(code),
+            m.invitations.c.user_id.is_(None),
+        ),
+    )
+    username = row._mapping["username"]
+    # No token authenticated the redeemer: its row names the tenant (and the new user).
+    activity_actor(tenant_id=row._mapping["tenant_id"], user_id=None)
+    activity_target(row._mapping["id"])
+    taken = await conn.scalar(sa.select(m.users.c.id).where(m.users.c.username == username))
+    if taken is not None:
+        raise Conflict(
+            f"a user named {username!r} exists now; ask for an invitation to that user, "
+            "who accepts it signed in",
+            code="username_taken",
+        )
+    user_id = new_id("user")
+    now = utcnow()
+    await conn.execute(
+        sa.insert(m.users).values(
+            id=user_id,
+            username=username,
+            created_at=now,
+            password_hash=password_hash,
+            password_set_at=now if password_hash is not None else None,
+        )
+    )
+    activity_actor(tenant_id=row._mapping["tenant_id"], user_id=user_id)
+    return row, user_id

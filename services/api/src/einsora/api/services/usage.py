@@ -5,7 +5,10 @@ usage the caller may see and shapes the answer. A member sees their own share of
 tenant's: the allocations of the workloads they launched and the tokens of their own gateway
 keys. A tenant admin sees the whole tenant, the operator every tenant (or the one named).
 `group_by=user` is folded here: accounting sums allocations by workload and tokens by key, and
-each is credited to the user who launched the workload or owns the key.
+each is credited to the user who launched the workload or owns the key. `group_by=endpoint`
+likewise: allocations by workload and tokens by the replica that served them, each credited to
+its endpoint (a replica to the endpoint it is a replica of; workloads that are not endpoints
+are left out).
 """
 
 from __future__ import annotations
@@ -39,7 +42,13 @@ from einsora.api.schemas.usage import (
 from einsora.api.services.tenants import visible_tenant
 from einsora.api.store import Store
 from einsora.common.bus import names
-from einsora.common.schemas import ReportGroup, UsageItem, UsageReportReply, UsageReportRequest
+from einsora.common.schemas import (
+    ReportGroup,
+    UsageItem,
+    UsageReportReply,
+    UsageReportRequest,
+    WorkloadKind,
+)
 
 log = logging.getLogger("einsora.api.usage")
 
@@ -185,6 +194,13 @@ async def report(
         )
         items = await _fold_users(store, by_workload.items, by_key.items)
         truncated = by_workload.truncated or by_key.truncated
+    elif query.group_by is UsageGroupBy.endpoint:
+        by_workload, by_replica = await asyncio.gather(
+            accounting.report(_request(scope, ReportGroup.workload, window, now)),
+            accounting.report(_request(scope, ReportGroup.endpoint, window, now)),
+        )
+        items = await _fold_endpoints(store, by_workload.items, by_replica.items)
+        truncated = by_workload.truncated or by_replica.truncated
     else:
         group = ReportGroup(query.group_by.value)
         answer = await accounting.report(_request(scope, group, window, now))
@@ -242,19 +258,69 @@ async def _fold_users(
     ]
 
 
+async def _fold_endpoints(
+    store: Store, by_workload: Sequence[UsageItem], by_replica: Sequence[UsageItem]
+) -> list[UsageItem]:
+    """Allocations by workload and tokens by serving replica, summed by endpoint: a replica's
+    under the endpoint it is a replica of. Workloads that are not endpoints are left out; a
+    replica the store does not know stays its own group (tokens are only ever served by
+    endpoints, so nothing of theirs is dropped)."""
+    async with store.read() as conn:
+        endpoint_of = await _endpoints(conn, [*by_workload, *by_replica])
+    sums: dict[str, list[float]] = {}
+    for item in by_workload:
+        if item.group not in endpoint_of:
+            continue
+        row = sums.setdefault(endpoint_of[item.group], [0.0, 0.0, 0, 0])
+        row[0] += item.gpu_hours
+        row[1] += item.cpu_core_hours
+    for item in by_replica:
+        row = sums.setdefault(endpoint_of.get(item.group, item.group), [0.0, 0.0, 0, 0])
+        row[2] += item.prompt_tokens
+        row[3] += item.completion_tokens
+    return [
+        UsageItem(
+            group=endpoint,
+            gpu_hours=gpu,
+            cpu_core_hours=cpu,
+            prompt_tokens=int(prompt),
+            completion_tokens=int(completion),
+        )
+        for endpoint, (gpu, cpu, prompt, completion) in sums.items()
+    ]
+
+
+async def _endpoints(conn: AsyncConnection, items: Iterable[UsageItem]) -> dict[str, str]:
+    """Workload id → the id of the endpoint it is (itself, or what it is a replica of), for the
+    endpoints among the workloads `items` name."""
+    w = m.workloads.c
+    query = sa.select(w.id, sa.func.coalesce(w.replica_of, w.id)).where(
+        w.kind == WorkloadKind.endpoint.value
+    )
+    return await _named(conn, query, w.id, items)
+
+
 async def _usernames(
     conn: AsyncConnection, table: sa.Table, user_id: sa.Column[str], items: Iterable[UsageItem]
 ) -> dict[str, str]:
     """Object id → the username of its user, for the objects `items` name."""
+    query = sa.select(table.c.id, m.users.c.username).join(m.users, m.users.c.id == user_id)
+    return await _named(conn, query, table.c.id, items)
+
+
+async def _named(
+    conn: AsyncConnection,
+    query: sa.Select[str, str],
+    id_: sa.Column[str],
+    items: Iterable[UsageItem],
+) -> dict[str, str]:
+    """id → name from `query`'s (id, name) rows, for the ids `items` name (a chunk of ids per
+    `IN (…)`)."""
     ids = sorted({item.group for item in items})
     found: dict[str, str] = {}
     for i in range(0, len(ids), _LOOKUP_CHUNK):
-        rows = await conn.execute(
-            sa.select(table.c.id, m.users.c.username)
-            .join(m.users, m.users.c.id == user_id)
-            .where(table.c.id.in_(ids[i : i + _LOOKUP_CHUNK]))
-        )
-        found.update({row.id: row.username for row in rows})
+        rows = await conn.execute(query.where(id_.in_(ids[i : i + _LOOKUP_CHUNK])))
+        found.update({row[0]: row[1] for row in rows})
     return found
 
 

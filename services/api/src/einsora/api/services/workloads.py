@@ -40,7 +40,8 @@ from einsora.api.schemas.workloads import (
     WorkloadPage,
     spec_json,
 )
-from einsora.api.services import endpoints
+from einsora.api.services import endpoints, vms
+from einsora.api.services.fallback import ChainContext, check_fallback, has_steps
 from einsora.api.services.limits import check_workload_cap, has_own_cap
 from einsora.api.store import Store, activity_target, current_action
 from einsora.common import lifecycle
@@ -49,6 +50,7 @@ from einsora.common.ids import is_id, new_id
 from einsora.common.schemas import (
     EventKind,
     IntentAction,
+    StepKind,
     WorkloadIntent,
     WorkloadKind,
     WorkloadState,
@@ -65,19 +67,19 @@ def next_state(action: IntentAction, current: WorkloadState) -> WorkloadState:
 
 
 def check_classes(catalog: Catalog, body: WorkloadCreate) -> None:
-    """422 naming the field when `class` names no catalog class, or a fallback is given."""
+    """422 naming the field when `class` names no catalog class (the fallback chain's are
+    checked by `fallback.check_fallback`)."""
     if catalog.get(body.class_name) is None:
         raise field_error("class", f"no class {body.class_name!r} in the catalog (see /v1/classes)")
-    if body.fallback:
-        # Nothing reads a fallback yet; accepting one would promise a substitute never tried.
-        raise field_error(
-            "fallback", "fallback classes are not supported yet; launch without `fallback`"
-        )
 
 
-def known_regions(default_region: str, machines: Iterable[MachineRecord]) -> list[str]:
-    """The regions a launch may name: this api's own, and every region a machine reports."""
-    return sorted({default_region, *(r.region for r in machines if r.region is not None)})
+def known_regions(
+    default_region: str, machines: Iterable[MachineRecord], schedulers: Iterable[str] = ()
+) -> list[str]:
+    """The regions a launch (or a region step) may name: this api's own, every region a
+    machine is enrolled in, and every region whose scheduler has reported."""
+    enrolled = (r.region for r in machines if r.region is not None)
+    return sorted({default_region, *enrolled, *schedulers})
 
 
 def check_region(body: WorkloadCreate, regions: Collection[str]) -> None:
@@ -100,6 +102,8 @@ _COLUMNS = (
     m.workloads.c.region,
     m.workloads.c.spec,
     m.workloads.c.fallback,
+    m.workloads.c.fallback_after_s,
+    m.workloads.c.current_region,
     m.workloads.c.state,
     m.workloads.c.placed_region,
     m.workloads.c.placed_machine,
@@ -160,7 +164,8 @@ def _out(r: Mapping[Any, Any]) -> WorkloadOut:
             "count": r["count"],
             "region": r["region"],
             "spec": json.loads(r["spec"]),
-            "fallback": json.loads(r["fallback"]),
+            "fallback": _steps(r["fallback"]),
+            "fallback_after_s": r["fallback_after_s"],
             "state": r["state"],
             "placement": placement,
             "created_at": r["created_at"],
@@ -170,7 +175,14 @@ def _out(r: Mapping[Any, Any]) -> WorkloadOut:
     )
 
 
-def _intent(action: IntentAction, r: Any) -> WorkloadIntent:
+def _steps(stored: str) -> list[dict[str, Any]]:
+    """A stored chain (a list of steps; rows from before issue 20 hold an empty list)."""
+    return [{"class": s} if isinstance(s, str) else s for s in json.loads(stored)]
+
+
+def _intent(action: IntentAction, r: Any, replica: int = 1) -> WorkloadIntent:
+    """The intent of `action`, to the region whose scheduler holds the workload now (its own
+    until a region step hands it over: ADR-0022)."""
     return WorkloadIntent.model_validate(
         {
             "intent_id": new_id("intent"),
@@ -178,13 +190,15 @@ def _intent(action: IntentAction, r: Any) -> WorkloadIntent:
             "workload_id": r["id"],
             "tenant_id": r["tenant_id"],
             "user_id": r["created_by"],
-            "region": r["region"],
+            "region": r["current_region"] or r["region"],
             "kind": r["kind"],
             "name": r["name"],
             "class": r["class_name"],
             "count": r["count"],
             "spec": json.loads(r["spec"]),
-            "fallback": json.loads(r["fallback"]),
+            "fallback": _steps(r["fallback"]),
+            "fallback_after_s": r["fallback_after_s"],
+            "replica": replica,
         }
     )
 
@@ -225,9 +239,13 @@ async def create(
     request_id: str,
     traceparent: str | None = None,
     idempotency_key: str | None = None,
+    machines: Mapping[str, MachineRecord] | None = None,
+    waits_because: str | None = None,
 ) -> tuple[WorkloadOut, bool]:
     """The new workload (pending) and False, or the first result of this Idempotency-Key and
-    True. `default_cap` is the cap of a tenant the operator set none for (0: no cap)."""
+    True. `default_cap` is the cap of a tenant the operator set none for (0: no cap).
+    `machines`: those the caller may use, by id (for machine steps of its fallback chain);
+    `waits_because`: why its region's scheduler will not take it now (it is down), a note."""
     check_classes(catalog, body)
     check_region(body, regions)
     replicas = 1
@@ -235,6 +253,15 @@ async def create(
         endpoint = endpoints.check_spec(body.spec)
         await endpoints.check_weights(endpoint)
         replicas = endpoint.replicas
+    chain: list[dict[str, Any]] = []
+    if body.fallback:
+        names = await _endpoint_names(store, principal) if has_steps(body, StepKind.model) else ()
+        context = ChainContext(catalog, regions, machines or {}, names)
+        chain = check_fallback(body, body.region or default_region, replicas, context)
+    if body.kind is WorkloadKind.vm:
+        vms.check_vm_spec(body.spec, catalog.get(body.class_name))
+    else:
+        vms.check_container_spec(body.spec)
     print_ = fingerprint(body) if idempotency_key else ""
     now = utcnow()
     workload_id = new_id("workload")
@@ -248,7 +275,9 @@ async def create(
         "count": body.count,
         "region": body.region or default_region,
         "spec": spec_json(body.spec),
-        "fallback": json.dumps(body.fallback),
+        "fallback": json.dumps(chain),
+        "fallback_after_s": body.fallback_after_s,
+        "current_region": None,
         "state": WorkloadState.pending.value,
         "placed_region": None,
         "placed_machine": None,
@@ -269,9 +298,12 @@ async def create(
         if replicas > 1:
             said += f" (replica {i + 1} of {replicas})"
         entries.append(_entry(each["id"], WorkloadState.pending, said, request_id, now))
+        if waits_because is not None:
+            note = _entry(each["id"], WorkloadState.pending, waits_because, request_id, now)
+            entries.append({**note, "kind": EventKind.note.value})
         outboxes.append(
             outbox_row(
-                _intent(IntentAction.create, each),
+                _intent(IntentAction.create, each, replica=i + 1),
                 request_id=request_id,
                 traceparent=traceparent,
             )
@@ -292,13 +324,14 @@ async def create(
             # Counted in the transaction that inserts: concurrent launches cannot all pass.
             check_workload_cap(conn, principal.tenant_id, default_cap, more=len(rows))
         # Statements built once, parameters apart: SQLAlchemy compiles each only once.
-        if len(rows) == 1:
+        if len(rows) == 1 and len(entries) == 1:
             conn.execute(_INSERT_WORKLOAD, row)
             conn.execute(_INSERT_TIMELINE, entries[0])
             conn.execute(_INSERT_OUTBOX, outboxes[0])
         else:
             conn.execute(_INSERT_WORKLOAD, rows[0])  # before the replicas that refer to it
-            conn.execute(_INSERT_WORKLOAD, rows[1:])
+            if rows[1:]:
+                conn.execute(_INSERT_WORKLOAD, rows[1:])
             conn.execute(_INSERT_TIMELINE, entries)
             conn.execute(_INSERT_OUTBOX, outboxes)
         if idempotency_key:
@@ -332,6 +365,14 @@ async def create(
         return prior, True
     store.outbox_written.set()
     return _out(row), False
+
+
+async def _endpoint_names(store: Store, principal: Principal) -> set[str]:
+    """The names of the tenant's live endpoints (what a model step may name)."""
+    stmt = sa.select(m.workloads.c.name).where(
+        m.workloads.c.tenant_id == principal.tenant_id, m.ENDPOINT_NAME_TAKEN
+    )
+    return set(await store.query(lambda conn: conn.execute(stmt).scalars().all()))
 
 
 async def _name_taken(store: Store, principal: Principal, name: str) -> bool:
