@@ -11,6 +11,7 @@ issue 14).
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import ssl
 import tempfile
@@ -25,7 +26,7 @@ from einsora.agent.join import MachineRevoked, join
 from einsora.agent.service import AgentService
 from einsora.api.testing import eventually
 from einsora.common import simtext
-from einsora.common.bus import connect
+from einsora.common.bus import close_quietly, connect
 from einsora.common.errors import BusUnavailable
 from einsora.common.settings import Settings
 from einsora.common.testing import self_signed_certificate, until
@@ -156,3 +157,43 @@ async def test_a_solo_over_tls_runs_and_its_joiners_trust_its_certificate(
         await eventually(reported, within_s=20)
     finally:
         await joiner.stop()
+
+
+async def test_a_revoked_machine_whose_bus_connection_was_not_cut_stops_when_its_tunnel_is_refused(
+    start_plane: StartPlane, api_of: OpenApi, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The kick that cuts a revoked machine off the bus can be lost (the api's system connection
+    # down, a server too busy to answer): the agent must still learn it, from its tunnel.
+    sockets = Path(tempfile.mkdtemp(prefix="einsora-t"))
+    plane = await start_plane(driver="sim", settings={"tunnel_sockets_dir": sockets})
+    api = await api_of(plane)
+    token = await api.ok("POST", "/v1/machines/join-tokens", {})
+    data_dir = tmp_path / "joiner"
+    enrolled = await join(data_dir, api.base, token["token"])
+    joiner = AgentService(
+        Settings(data_dir=data_dir, log_format="text"),
+        driver="sim",
+        enrolment=enrolled,
+        heartbeat_s=1.0,
+    )
+    await joiner.start()
+    try:
+        hub = plane.proxy.hub if plane.proxy is not None else None
+        assert hub is not None
+        await until(lambda: hub.connected(enrolled.machine_id), within_s=30, what="tunnel up")
+        bus_auth = plane.api.bus_auth if plane.api is not None else None
+        assert bus_auth is not None
+        await close_quietly(bus_auth._system_nc)  # the kick is lost
+
+        revoked_at = time.monotonic()
+        await api.ok("DELETE", f"/v1/machines/{enrolled.machine_id}")
+        gone = await asyncio.wait_for(joiner.wait_gone(), 30)
+        print(f"revoked → agent stopped in {time.monotonic() - revoked_at:.3f} s")
+        assert isinstance(gone, MachineRevoked)
+        messages = [r.getMessage() for r in caplog.records]
+        assert "kick failed" in messages
+        assert "tunnel refused by the control plane: this machine's key is not enrolled" in messages
+        assert "NATS closed the agent's connection; connecting again" not in messages
+    finally:
+        await joiner.stop()
+        shutil.rmtree(sockets, ignore_errors=True)

@@ -179,6 +179,7 @@ class AgentService:
         self._nc: NATS | None = None
         self._session: asyncio.Task[None] | None = None
         self._reclaims: asyncio.Task[None] | None = None
+        self._revocation_check: asyncio.Task[None] | None = None
         self._credentials: Identity | None = None
         self._tls: ssl.SSLContext | None = None
         self._tunnel: AgentTunnel | None = None
@@ -283,6 +284,11 @@ class AgentService:
             reclaims.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reclaims
+        check, self._revocation_check = self._revocation_check, None
+        if check is not None:
+            check.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await check
         if self._session is not None:
             self._session.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -494,7 +500,10 @@ class AgentService:
 
     async def _give_up(self, reason: MachineRevoked) -> None:
         """Revoked: stop the tunnel and the workloads (the control plane failed them, and no
-        agent can adopt them: joining again makes a new machine), then stop for good."""
+        agent can adopt them: joining again makes a new machine), then stop for good. Either
+        way of learning it may call this; the first does the work."""
+        if self.gone_reason is not None:
+            return
         log.error(
             "machine revoked: the agent stops",
             extra={"machine": self.machine_id, "api": self.enrolment and self.enrolment.api_url},
@@ -521,7 +530,22 @@ class AgentService:
             hub_key=endpoint.hub_key,
             allowed_ports=self.workload_ports,
             machine_id=self.machine_id,
+            on_refused=self._tunnel_refused,
         )
+
+    def _tunnel_refused(self) -> None:
+        """The hub no longer knows this machine's key. Revoked, perhaps, while the bus has not
+        cut this agent off (its kick lost, or still on its way): ask the api, one question at a
+        time, and stop for good if it says so. The bus's own refusal is the other way to learn
+        it; whichever comes first acts."""
+        if self._revocation_check is None or self._revocation_check.done():
+            self._revocation_check = asyncio.create_task(
+                self._check_revoked(), name="agent revocation check"
+            )
+
+    async def _check_revoked(self) -> None:
+        if await self._revoked(quiet=True):
+            await self._give_up(MachineRevoked(self.machine_id))
 
     def workload_ports(self) -> set[int]:
         """The ports this machine's workloads answer on now (what the tunnel may forward)."""

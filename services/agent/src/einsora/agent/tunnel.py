@@ -124,7 +124,8 @@ class AgentTunnel:
     """Keeps this machine's tunnel to the hub at `address` up until `stop()`.
 
     `start()` returns at once; the tunnel dials in the background, and again after any failure
-    with a capped, jittered back-off. `connected` is set while the tunnel is up.
+    with a capped, jittered back-off. `connected` is set while the tunnel is up. `on_refused` is
+    called each time the hub refuses this machine's key (not enrolled there, or revoked).
     """
 
     def __init__(
@@ -135,6 +136,7 @@ class AgentTunnel:
         allowed_ports: Callable[[], set[int]],
         *,
         machine_id: str,
+        on_refused: Callable[[], None] | None = None,
         retry_first_s: float = 0.5,
         retry_cap_s: float = 30.0,
     ) -> None:
@@ -146,6 +148,7 @@ class AgentTunnel:
             raise ConfigError("the tunnel hub's key is not an OpenSSH public key") from exc
         self.allowed_ports = allowed_ports
         self.machine_id = machine_id
+        self._on_refused = on_refused
         self._retry_first_s = retry_first_s
         self._retry_cap_s = retry_cap_s
         self.connected = asyncio.Event()
@@ -209,6 +212,8 @@ class AgentTunnel:
                 "tunnel refused by the control plane: this machine's key is not enrolled",
                 extra={"machine": self.machine_id},
             )
+            if self._on_refused is not None:
+                self._on_refused()
         else:
             log.warning(
                 "tunnel could not connect; retrying",

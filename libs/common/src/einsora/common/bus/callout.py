@@ -44,6 +44,9 @@ MAX_PAYLOAD = 1024 * 1024
 _RESPONSE_TTL_NS = 120 * 10**9
 """How long a granted reply permission lasts (the server's default for `allow_responses`)."""
 _REFUSED = "not authorized"
+KICK_TRIES = 3
+KICK_RETRY_S = 0.25
+"""The first wait before a kick the server did not answer is sent again (doubling after)."""
 _HEADER = {"typ": "JWT", "alg": "ed25519-nkey"}
 
 
@@ -218,16 +221,31 @@ class AuthCallout:
         connections = [k for k, exp in self._granted.pop(identity, {}).items() if exp >= now]
 
         async def one(server_id: str, cid: int) -> bool:
-            try:
-                reply = await sys_nc.request(
-                    names.server_kick_subject(server_id), json.dumps({"cid": cid}).encode(), 2.0
-                )
-                return "error" not in json.loads(reply.data)
-            except (nats.errors.Error, ValueError) as exc:
-                log.warning(
-                    "kick failed", extra={"identity": identity, "cid": cid, "error": str(exc)}
+            subject, body = names.server_kick_subject(server_id), json.dumps({"cid": cid}).encode()
+            error = ""
+            for attempt in range(KICK_TRIES):
+                try:
+                    reply = json.loads((await sys_nc.request(subject, body, 2.0)).data)
+                except nats.errors.ConnectionClosedError as exc:
+                    error = str(exc) or type(exc).__name__
+                    break  # no system connection: trying again cannot help
+                except (nats.errors.Error, ValueError) as exc:
+                    # A busy server's answer came late, or not at all: the connection would
+                    # otherwise live on until its JWT expires.
+                    error = str(exc) or type(exc).__name__
+                    if attempt + 1 < KICK_TRIES:
+                        await asyncio.sleep(KICK_RETRY_S * 2**attempt)
+                    continue
+                if isinstance(reply, dict) and "error" not in reply:
+                    return True
+                # Most often the connection had closed already; said, in case it had not.
+                log.info(
+                    "kick refused by the server",
+                    extra={"identity": identity, "cid": cid, "reply": str(reply)[:200]},
                 )
                 return False
+            log.warning("kick failed", extra={"identity": identity, "cid": cid, "error": error})
+            return False
 
         done = await asyncio.gather(*(one(s, c) for s, c in connections))
         log.info("bus identity kicked", extra={"identity": identity, "connections": sum(done)})
