@@ -15,11 +15,12 @@ from einsora.common.bus.consumer import (
     RETRY_FIRST_S,
     RETRY_JITTER,
     UNLIMITED_DELIVERIES,
+    Reason,
     retry_delay,
 )
 from einsora.common.errors import EinsoraError
 from einsora.common.schemas import EventKind, WorkloadEvent, WorkloadState
-from einsora.common.testing import Bus
+from einsora.common.testing import Bus, until
 
 # The session's server remembers message ids for its duplicate window across tests, so every
 # test uses ids of its own.
@@ -173,6 +174,45 @@ async def test_a_batch_handler_takes_fetched_batches_and_falls_back_one_by_one(b
     assert batches[0][:4] == ["ev-b-1", "ev-b-2", "ev-b-poison", "ev-b-3"]
     assert singles[:4] == ["ev-b-1", "ev-b-2", "ev-b-poison", "ev-b-3"]
     info = await bus.js.consumer_info(names.EVENTS.name, "batch-consumer")
+    assert info.num_ack_pending == 0
+    assert info.num_pending == 0
+
+
+async def test_a_store_outage_naks_the_rest_of_a_fetch_without_trying_each(bus: Bus) -> None:
+    # Each try during an outage can take seconds (a store that does not answer, an engine that
+    # backs off): trying every fetched message in turn held the others back for minutes.
+    calls: list[str] = []
+    handled: list[str] = []
+    store = {"up": False}
+
+    async def handler(msg: Msg) -> None:
+        name = WorkloadEvent.from_bytes(msg.data).event_id.removesuffix(f"-{RUN}")
+        calls.append(name)
+        if not store["up"]:
+            raise EinsoraError("store unavailable", retryable=True)
+        handled.append(name)
+
+    sent = [f"ev-o-{i}" for i in range(5)]
+    for event_id in sent:
+        await _send(bus, event_id)
+    consumer = DurableConsumer(
+        bus.js,
+        stream=names.EVENTS.name,
+        durable="outage-consumer",
+        filter_subject=names.EVENTS_FILTER,
+        handler=handler,
+        retry_first_s=0.5,
+    )
+    await consumer.start()
+    try:
+        await until(lambda: consumer.redelivered[Reason.retryable] >= len(sent), what="nak'ed")
+        assert calls == ["ev-o-0"]  # one try; the other four wait their turn without one
+        store["up"] = True
+        await until(lambda: len(handled) == len(sent), within_s=10, what="all handled")
+    finally:
+        await consumer.stop()
+    assert sorted(handled) == sent  # each once, none lost
+    info = await bus.js.consumer_info(names.EVENTS.name, "outage-consumer")
     assert info.num_ack_pending == 0
     assert info.num_pending == 0
 

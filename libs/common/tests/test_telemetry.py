@@ -99,6 +99,10 @@ def test_a_sampled_out_parents_children_are_not_made_and_carry_its_context_on(
         "00-00000000000000000000000000000000-00f067aa0ba902b7-00",  # invalid trace id
         "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-00",  # invalid span id
         "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902bz-00",  # not hex
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa_ba902b7-00",  # int() takes `_`
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-+0f067aa0ba902b7-00",  # and a sign
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7- 0",  # and spaces
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-00",  # upper case: not W3C's
         "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",  # another version
         "00_4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7_00",
         "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00-",

@@ -9,6 +9,7 @@ removes arrive; once it is back, every one converges, none lost and none applied
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import TYPE_CHECKING
 
 import asyncpg
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from services.scheduler.tests.conftest import Sim, StartScheduler
 
 OUTAGE_S = 180.0
+HEARTBEAT_S = 5.0
 CLASS = "cpu-1c-2g"
 
 
@@ -44,14 +46,55 @@ async def _set_connections(postgres_url: str, allowed: bool) -> None:
         await admin.close()
 
 
+class _Agent:
+    """Machine m-1's agent: reports what it applied, and again every few seconds (its heartbeat),
+    store or no store. A machine silent through the outage would be suspect (no new placements)
+    once the scheduler is back, whatever the intents did."""
+
+    def __init__(self, sim: Sim) -> None:
+        self._sim = sim
+        self._phases: dict[str, str] = {}
+        self._generation = 0
+        self._beating: asyncio.Task[None] | None = None
+
+    async def report(self, phases: dict[str, str]) -> None:
+        current = self._sim.desired.get("m-1")
+        self._phases, self._generation = phases, current.generation if current else 0
+        await self._sim.report("m-1", phases, generation=self._generation)
+        if self._beating is None:
+            self._beating = asyncio.create_task(self._beat())
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            await self._sim.report("m-1", self._phases, generation=self._generation)
+
+    async def stop(self) -> None:
+        if self._beating is not None:
+            self._beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._beating
+
+
 def _count(sim: Sim, workload_id: str, state: str) -> int:
     return [e.state.value for e in sim.events[workload_id]].count(state)
 
 
 @pytest.mark.long
 @pytest.mark.postgres
+@pytest.mark.timeout(OUTAGE_S + 240)
 async def test_200_intents_during_a_three_minute_store_outage_all_converge(
     sim: Sim, start_scheduler: StartScheduler, postgres_url: str
+) -> None:
+    agent = _Agent(sim)
+    try:
+        await _outage(sim, start_scheduler, postgres_url, agent)
+    finally:
+        await agent.stop()
+
+
+async def _outage(
+    sim: Sim, start_scheduler: StartScheduler, postgres_url: str, agent: _Agent
 ) -> None:
     await sim.join("m-1", cpus=512, memory_gib=2048)
     await start_scheduler(postgres_url)
@@ -59,7 +102,7 @@ async def test_200_intents_during_a_three_minute_store_outage_all_converge(
     to_remove = [await sim.launch(CLASS) for _ in range(40)]
     for w in to_park + to_remove:
         await sim.wait_state(w, "scheduled", within_s=60)
-    await sim.report("m-1", {w: "running" for w in to_park + to_remove})
+    await agent.report({w: "running" for w in to_park + to_remove})
     for w in to_park + to_remove:
         await sim.wait_state(w, "running", within_s=60)
 
@@ -89,7 +132,7 @@ async def test_200_intents_during_a_three_minute_store_outage_all_converge(
     for w in to_remove:
         await sim.wait_state(w, "removing", within_s=60)
     # The agent does what it was told: parks, stops the removed, runs the new.
-    await sim.report("m-1", {**{w: "parked" for w in to_park}, **{w: "running" for w in launched}})
+    await agent.report({**{w: "parked" for w in to_park}, **{w: "running" for w in launched}})
     for w in to_park:
         await sim.wait_state(w, "parked", within_s=60)
     for w in to_remove:

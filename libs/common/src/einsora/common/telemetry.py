@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -170,6 +171,11 @@ def context_of(traceparent: str | None) -> Context | None:
     return context if span_context.is_valid else None
 
 
+_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+"""A version-00 W3C `traceparent`: lower-case hex only (`int(…, 16)` alone takes `_`, signs and
+spaces too)."""
+
+
 def sampled_out(parent: str | None) -> Span | None:
     """The parent's own context as a span that records nothing, when `parent` (a `traceparent`)
     was sampled out and the sampler follows the parent; else None.
@@ -178,16 +184,13 @@ def sampled_out(parent: str | None) -> Span | None:
     call, ids or attributes per message. What the child's context would have carried on (the
     trace id, the not-sampled flag) is the parent's already. With 10 % of requests sampled, this
     is what the other 90 % cost on the bus's side of the trace (ADR-0020)."""
-    if not _parent_decides or parent is None or len(parent) != 55:
+    if not _parent_decides or parent is None:
         return None
-    version, trace_id, span_id, flags = parent[:2], parent[3:35], parent[36:52], parent[53:]
-    if version != "00" or parent[2] != "-" or parent[35] != "-" or parent[52] != "-":
-        return None
-    try:
-        trace_flags = int(flags, 16)
-        context = SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True)
-    except ValueError:
-        return None
+    found = _TRACEPARENT.fullmatch(parent)
+    if found is None:
+        return None  # malformed: the propagator starts a fresh trace for it, as it would
+    trace_flags = int(found[3], 16)
+    context = SpanContext(int(found[1], 16), int(found[2], 16), is_remote=True)
     if trace_flags & TraceFlags.SAMPLED or not context.is_valid:
         return None
     return NonRecordingSpan(context)

@@ -17,7 +17,9 @@ Prometheus registry too. A lost connection or a fetch timeout never ends the loo
 
 A consumer may also take each fetched batch at once (`batch_handler`: one store transaction for
 many messages), all acked after it returns; when it raises, the batch is handled again one
-message at a time with `handler`, so each message still gets its own ack, nak or term.
+message at a time with `handler`, so each message still gets its own ack, nak or term. A
+retryable failure of one message (the store away) naks the rest of its fetch at once, rather
+than trying each in turn.
 """
 
 from __future__ import annotations
@@ -234,8 +236,7 @@ class DurableConsumer:
             if self._batch_handler is not None and len(msgs) > 1:
                 await self._handle_batch(self._batch_handler, msgs)
                 continue
-            for msg in msgs:
-                await self._handle(msg)
+            await self._handle_each(msgs)
 
     async def _handle_batch(self, batch_handler: BatchHandler, msgs: Sequence[Msg]) -> None:
         try:
@@ -246,13 +247,24 @@ class DurableConsumer:
                 "batch failed; handling its messages one by one",
                 extra={"consumer": self._durable, "size": len(msgs), "error": repr(exc)},
             )
-            for msg in msgs:
-                await self._handle(msg)
+            await self._handle_each(msgs)
             return
         for msg in msgs:
             await _quietly(msg.ack())
 
-    async def _handle(self, msg: Msg) -> None:
+    async def _handle_each(self, msgs: Sequence[Msg]) -> None:
+        for i, msg in enumerate(msgs):
+            transient = await self._handle(msg)
+            if transient is not None:
+                # The store or the lease is away, not this message at fault: the rest would
+                # each fail the same way, one slow try after another. They wait their turn.
+                for rest in msgs[i + 1 :]:
+                    await self._retry(rest, Reason.retryable, transient)
+                return
+
+    async def _handle(self, msg: Msg) -> EinsoraError | None:
+        """Handle one message and ack, nak or term it; the error when it failed for a reason
+        that is not its own (a retryable `EinsoraError`), else None."""
         request_id = names.REQUEST_ID_HEADER
         with logs.bind(request_id=(msg.headers or {}).get(request_id), subject=msg.subject):
             try:
@@ -260,17 +272,18 @@ class DurableConsumer:
             except EinsoraError as exc:
                 if exc.retryable:
                     await self._retry(msg, Reason.retryable, exc)
-                else:
-                    await self._terminate(msg, Reason.non_retryable, f"{exc.code}: {exc.message}")
-                return
+                    return exc
+                await self._terminate(msg, Reason.non_retryable, f"{exc.code}: {exc.message}")
+                return None
             except ValidationError as exc:
                 await self._terminate(msg, Reason.unparseable, _validation_summary(exc))
-                return
+                return None
             except Exception as exc:
                 log.exception("handler failed", extra={"consumer": self._durable})
                 await self._retry(msg, Reason.unexpected, exc)
-                return
+                return None
             await _quietly(msg.ack())
+            return None
 
     async def _retry(self, msg: Msg, reason: Reason, exc: Exception) -> None:
         deliveries = msg.metadata.num_delivered or 1
