@@ -62,31 +62,41 @@ class Principal:
         return self.role == "admin"
 
 
-_LOOKUP = (
-    sa.select(
-        m.api_tokens.c.id,
-        m.api_tokens.c.expires_at,
-        m.api_tokens.c.revoked_at,
-        m.api_tokens.c.last_used_at,
-        m.api_tokens.c.operator.label("token_operator"),
-        m.users.c.id.label("user_id"),
-        m.users.c.username,
-        m.users.c.is_operator,
-        m.tenants.c.id.label("tenant_id"),
-        m.tenants.c.name.label("tenant_name"),
-        m.members.c.role,
+def lookup_by_digest(credentials: sa.Table, *own: sa.ColumnElement[Any]) -> sa.Select[Any]:
+    """The caller behind a credential row (an API token, a dashboard session) found by its
+    secret's digest: the row's `own` columns, its user, and that user's membership in the
+    credential's tenant (no row when the membership is gone)."""
+    return (
+        sa.select(
+            *own,
+            m.users.c.id.label("user_id"),
+            m.users.c.username,
+            m.users.c.is_operator,
+            m.tenants.c.id.label("tenant_id"),
+            m.tenants.c.name.label("tenant_name"),
+            m.members.c.role,
+        )
+        .select_from(credentials)
+        .join(m.users, m.users.c.id == credentials.c.user_id)
+        .join(m.tenants, m.tenants.c.id == credentials.c.tenant_id)
+        .join(
+            m.members,
+            sa.and_(
+                m.members.c.tenant_id == credentials.c.tenant_id,
+                m.members.c.user_id == credentials.c.user_id,
+            ),
+        )
+        .where(credentials.c.secret_sha256 == sa.bindparam("digest"))
     )
-    .select_from(m.api_tokens)
-    .join(m.users, m.users.c.id == m.api_tokens.c.user_id)
-    .join(m.tenants, m.tenants.c.id == m.api_tokens.c.tenant_id)
-    .join(
-        m.members,
-        sa.and_(
-            m.members.c.tenant_id == m.api_tokens.c.tenant_id,
-            m.members.c.user_id == m.api_tokens.c.user_id,
-        ),
-    )
-    .where(m.api_tokens.c.secret_sha256 == sa.bindparam("digest"))
+
+
+_LOOKUP = lookup_by_digest(
+    m.api_tokens,
+    m.api_tokens.c.id,
+    m.api_tokens.c.expires_at,
+    m.api_tokens.c.revoked_at,
+    m.api_tokens.c.last_used_at,
+    m.api_tokens.c.operator.label("token_operator"),
 )
 
 

@@ -36,7 +36,13 @@ import sqlalchemy as sa
 from starlette.types import Scope
 
 from einsora.api import models as m
-from einsora.api.auth import Principal, Verified, VerifiedTokens, secret_hash
+from einsora.api.auth import (
+    Principal,
+    Verified,
+    VerifiedTokens,
+    lookup_by_digest,
+    secret_hash,
+)
 from einsora.api.errors import Forbidden, Unauthenticated
 from einsora.api.store import Store
 from einsora.common.sites import DASHBOARD_COOKIE
@@ -118,31 +124,13 @@ def check_csrf(scope: Scope, secret: str) -> None:
         )
 
 
-_LOOKUP = (
-    sa.select(
-        m.sessions.c.id,
-        m.sessions.c.expires_at,
-        m.sessions.c.last_seen_at,
-        m.sessions.c.ended_at,
-        m.sessions.c.operator.label("session_operator"),
-        m.users.c.id.label("user_id"),
-        m.users.c.username,
-        m.users.c.is_operator,
-        m.tenants.c.id.label("tenant_id"),
-        m.tenants.c.name.label("tenant_name"),
-        m.members.c.role,
-    )
-    .select_from(m.sessions)
-    .join(m.users, m.users.c.id == m.sessions.c.user_id)
-    .join(m.tenants, m.tenants.c.id == m.sessions.c.tenant_id)
-    .join(
-        m.members,
-        sa.and_(
-            m.members.c.tenant_id == m.sessions.c.tenant_id,
-            m.members.c.user_id == m.sessions.c.user_id,
-        ),
-    )
-    .where(m.sessions.c.secret_sha256 == sa.bindparam("digest"))
+_LOOKUP = lookup_by_digest(
+    m.sessions,
+    m.sessions.c.id,
+    m.sessions.c.expires_at,
+    m.sessions.c.last_seen_at,
+    m.sessions.c.ended_at,
+    m.sessions.c.operator.label("session_operator"),
 )
 
 
