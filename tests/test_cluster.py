@@ -20,7 +20,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from tests.conftest import Api
 from einsora.agent.service import AgentService
 from einsora.api.service import ApiService
 from einsora.api.services.machines import enrol_own
+from einsora.api.testing import eventually
 from einsora.cli.controlplane import ControlPlane
 from einsora.common.bus import bind_bucket, connect, names
 from einsora.common.nats_cluster import NatsCluster
@@ -61,15 +63,8 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-async def _until(
-    check: Callable[[], Awaitable[bool]], *, within_s: float, what: str, every_s: float = 0.1
-) -> None:
-    """Wait until `check()` is true, polling (the state lives in other processes), or fail."""
-    deadline = time.monotonic() + within_s
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true within {within_s} s: {what}")
-        await asyncio.sleep(every_s)
+_until = partial(eventually, every_s=0.1)
+"""Waits on state that lives in other processes: polled gently."""
 
 
 def _class(i: int) -> str:

@@ -189,13 +189,20 @@ async def running_api(settings: Settings, **options: Any) -> AsyncIterator[Runni
         await service.stop()
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], within_s: float = 10.0) -> None:
-    """Wait until `check()` is true (polled), or fail after `within_s`."""
+async def eventually(
+    check: Callable[[], Awaitable[bool]],
+    within_s: float = 10.0,
+    *,
+    what: str = "",
+    every_s: float = 0.02,
+) -> None:
+    """Wait until `check()` is true (polled every `every_s`), or fail after `within_s` saying
+    `what` was awaited."""
     deadline = time.monotonic() + within_s
     while not await check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"not true within {within_s} s")
-        await asyncio.sleep(0.02)
+            raise AssertionError(f"not true within {within_s} s" + (f": {what}" if what else ""))
+        await asyncio.sleep(every_s)
 
 
 async def new_member(
