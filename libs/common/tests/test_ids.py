@@ -2,7 +2,7 @@ import os
 import re
 import threading
 
-from einsora.common.ids import is_id, new_id
+from einsora.common.ids import derived_id, is_id, new_id
 
 
 def test_ids_are_prefixed_lowercase_dns_labels() -> None:
@@ -17,6 +17,17 @@ def test_ids_are_prefixed_lowercase_dns_labels() -> None:
 def test_ids_sort_by_creation_time() -> None:
     ids = [new_id("workload", now_ms=ms) for ms in (1, 1000, 10**12, 2 * 10**12)]
     assert ids == sorted(ids)
+
+
+def test_an_id_spells_its_millisecond_in_its_first_ten_characters() -> None:
+    # 1,764,800,000,000 ms is 0x19aea21a800, five bits a digit.
+    assert new_id("workload", now_ms=1_764_800_000_000).startswith("w-01kbk4dw00")
+    assert new_id("workload", now_ms=0).startswith("w-0000000000")
+
+
+def test_a_derived_id_is_the_same_in_every_version() -> None:
+    # A scheduler republishing an intent after an upgrade must give it the id it had.
+    assert derived_id("intent", "w-1", "create") == "in-pt2a2mnypt5h95nzns6f"
 
 
 def test_ids_are_unique_within_one_millisecond() -> None:

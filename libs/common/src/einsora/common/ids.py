@@ -78,20 +78,25 @@ def _random_bits() -> int:
 _ID_RE = re.compile(rf"^(?P<prefix>[a-z]+)-[{_ALPHABET}]{{{_TIME_CHARS + _RANDOM_CHARS}}}$")
 
 
+_PAIRS = tuple(a + b for a in _ALPHABET for b in _ALPHABET)
+"""Every two-digit string, by the 10 bits it encodes."""
+
+
 def _encode(value: int, width: int) -> str:
-    chars = []
-    for _ in range(width):
-        value, rem = divmod(value, 32)
-        chars.append(_ALPHABET[rem])
-    return "".join(reversed(chars))
+    """`value`'s last `width` (even) base-32 digits, two per lookup: a digit at a time (20
+    `divmod`s an id) was 2 % of a busy api's time."""
+    pairs = _PAIRS
+    return "".join([pairs[(value >> shift) & 1023] for shift in range(5 * width - 10, -1, -10)])
 
 
 def new_id(kind: str, *, now_ms: int | None = None) -> str:
     """A new id for an object of `kind` (a key of PREFIXES), e.g. `new_id("workload")`."""
     prefix = PREFIXES[kind]
     ms = int(time.time() * 1000) if now_ms is None else now_ms
-    rand = _random_bits()
-    return f"{prefix}-{_encode(ms, _TIME_CHARS)}{_encode(rand, _RANDOM_CHARS)}"
+    ms &= (1 << 5 * _TIME_CHARS) - 1
+    return (
+        f"{prefix}-{_encode(ms << 5 * _RANDOM_CHARS | _random_bits(), _TIME_CHARS + _RANDOM_CHARS)}"
+    )
 
 
 def is_id(value: str, kind: str) -> bool:

@@ -34,7 +34,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from einsora.api import models as m
-from einsora.store import Database
+from einsora.store import Database, statements
 from einsora.store.units import Unit
 
 T = TypeVar("T")
@@ -70,8 +70,7 @@ class Store(Database):
         def recorded(conn: sa.Connection) -> T:
             value = unit(conn)
             if action.tenant_id is not None:  # built here: the unit may have named the target
-                result = conn.execute(_INSERT_ACTIVITY, action.row())
-                action.seq = result.inserted_primary_key[0] if result.inserted_primary_key else None
+                action.seq = statements.execute(conn, _INSERT_ACTIVITY, action.row()).new_key
             return value
 
         value = await super().run(recorded)
@@ -251,8 +250,8 @@ def insert_ignore(
     The conflict is resolved by the database (`ON CONFLICT DO NOTHING`), so a Postgres
     transaction is not aborted by a duplicate.
     """
-    result = conn.execute(_insert_ignoring(conn.dialect.name, table, tuple(keys)), dict(values))
-    return bool(result.rowcount == 1)
+    statement = _insert_ignoring(conn.dialect.name, table, tuple(keys))
+    return statements.execute(conn, statement, values).rowcount == 1
 
 
 def insert_all_ignoring(
@@ -260,7 +259,7 @@ def insert_all_ignoring(
 ) -> None:
     """Insert each row (one statement for all: the driver's executemany) unless one with the
     same `keys` exists, as `insert_ignore` does for one. Rows must all name the same columns."""
-    conn.execute(_insert_ignoring(conn.dialect.name, table, tuple(keys)), rows)
+    statements.execute(conn, _insert_ignoring(conn.dialect.name, table, tuple(keys)), rows)
 
 
 @functools.cache

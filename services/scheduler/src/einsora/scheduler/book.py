@@ -398,8 +398,17 @@ class Book:
         return sorted(queue, key=lambda w: (self.recent_use(w.tenant_id), w.queue_key))
 
     def queued_ahead(self, workload: Workload, pool: str) -> int:
-        order = self.admission_order(pool)
-        return order.index(workload) if workload in order else 0
+        """How many of the pool's queue come before it in `admission_order` (0 when it is not
+        queued there). Counted without building the order: each queued launch asks, so a
+        copied or sorted queue per launch made a deep queue quadratic."""
+        queue = self.queue.get(pool, [])
+        if pool == CPU_POOL or not self.usage:
+            i = bisect.bisect_left(queue, workload.queue_key, key=lambda w: w.queue_key)
+            return i if i < len(queue) and queue[i] is workload else 0
+        if not any(w is workload for w in queue):
+            return 0
+        mine = (self.recent_use(workload.tenant_id), workload.queue_key)
+        return sum(1 for w in queue if (self.recent_use(w.tenant_id), w.queue_key) < mine)
 
     # --- timeline and routes ----------------------------------------------------------------
 

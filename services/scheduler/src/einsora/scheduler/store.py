@@ -32,6 +32,7 @@ from einsora.scheduler import tables as t
 from einsora.scheduler.book import Changes, Handoff, OutboxEvent
 from einsora.scheduler.model import Chain, Liveness, Machine, Row, Workload
 from einsora.store import Database
+from einsora.store.statements import execute
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "alembic_version_scheduler"
@@ -204,8 +205,9 @@ def _commit(
     _save_rows(conn, changes)
     if changes.intents:
         now = utcnow()
-        conn.execute(
-            t.processed_intents.insert(),
+        execute(
+            conn,
+            _INSERT_PROCESSED,
             [
                 {
                     "intent_id": i.intent_id,
@@ -217,8 +219,9 @@ def _commit(
             ],
         )
     if changes.events:
-        conn.execute(
-            t.outbox.insert(),
+        execute(
+            conn,
+            _INSERT_OUTBOX,
             [
                 {
                     "event_id": e.event.event_id,
@@ -231,10 +234,7 @@ def _commit(
             ],
         )
     if published:
-        conn.execute(
-            t.outbox.delete().where(t.outbox.c.event_id == sa.bindparam("b_id")),
-            [{"b_id": event_id} for event_id in published],
-        )
+        execute(conn, _DELETE_OUTBOX, [{"b_id": event_id} for event_id in published])
     if changes.handoffs or changes.handoffs_sent:
         _save_handoffs(conn, changes)
 
@@ -242,8 +242,9 @@ def _commit(
 def _save_handoffs(conn: sa.Connection, changes: Changes) -> None:
     """Intents for other regions decided this cycle, and those published since (ADR-0022)."""
     if changes.handoffs:
-        conn.execute(
-            t.handoffs.insert(),
+        execute(
+            conn,
+            _INSERT_HANDOFF,
             [
                 {
                     "intent_id": h.intent.intent_id,
@@ -256,10 +257,7 @@ def _save_handoffs(conn: sa.Connection, changes: Changes) -> None:
             ],
         )
     if changes.handoffs_sent:
-        conn.execute(
-            t.handoffs.delete().where(t.handoffs.c.intent_id == sa.bindparam("b_id")),
-            [{"b_id": intent_id} for intent_id in changes.handoffs_sent],
-        )
+        execute(conn, _DELETE_HANDOFF, [{"b_id": i} for i in changes.handoffs_sent])
 
 
 def _known(
@@ -279,16 +277,11 @@ def _save_machines(conn: sa.Connection, changes: Changes) -> None:
     new = [m for k, m in changes.machines.items() if k in changes.new_machines]
     old = [m for k, m in changes.machines.items() if k not in changes.new_machines]
     if new:
-        conn.execute(t.machines.insert(), [_machine_values(m) for m in new])
+        execute(conn, _INSERT_MACHINE, [_machine_values(m) for m in new])
     if old:
-        conn.execute(
-            t.machines.update()
-            .where(t.machines.c.machine_id == sa.bindparam("b_machine_id"))
-            .values(
-                inventory=sa.bindparam("b_inventory"),
-                generation=sa.bindparam("b_generation"),
-                liveness=sa.bindparam("b_liveness"),
-            ),
+        execute(
+            conn,
+            _UPDATE_MACHINE,
             [{f"b_{k}": v for k, v in _machine_values(m).items()} for m in old],
         )
 
@@ -315,17 +308,49 @@ _WORKLOAD_MUTABLE = (
     "fallback",
 )
 
+# The commit's statements, built once: `execute` hands them to the driver on SQLite.
+_INSERT_MACHINE = t.machines.insert()
+_UPDATE_MACHINE = (
+    t.machines.update()
+    .where(t.machines.c.machine_id == sa.bindparam("b_machine_id"))
+    .values(
+        inventory=sa.bindparam("b_inventory"),
+        generation=sa.bindparam("b_generation"),
+        liveness=sa.bindparam("b_liveness"),
+    )
+)
+_INSERT_WORKLOAD = t.workloads.insert()
+_UPDATE_WORKLOAD = (
+    t.workloads.update()
+    .where(t.workloads.c.workload_id == sa.bindparam("b_workload_id"))
+    .values({c: sa.bindparam(f"b_{c}") for c in _WORKLOAD_MUTABLE})
+)
+_INSERT_ROW = t.desired_rows.insert()
+_DELETE_ROW = t.desired_rows.delete().where(
+    t.desired_rows.c.machine_id == sa.bindparam("b_m"),
+    t.desired_rows.c.workload_id == sa.bindparam("b_w"),
+)
+_INSERT_BOOKING = t.gpu_bookings.insert()
+_DELETE_BOOKINGS = t.gpu_bookings.delete().where(
+    t.gpu_bookings.c.machine_id == sa.bindparam("b_m"),
+    t.gpu_bookings.c.workload_id == sa.bindparam("b_w"),
+)
+_INSERT_PROCESSED = t.processed_intents.insert()
+_INSERT_OUTBOX = t.outbox.insert()
+_DELETE_OUTBOX = t.outbox.delete().where(t.outbox.c.event_id == sa.bindparam("b_id"))
+_INSERT_HANDOFF = t.handoffs.insert()
+_DELETE_HANDOFF = t.handoffs.delete().where(t.handoffs.c.intent_id == sa.bindparam("b_id"))
+
 
 def _save_workloads(conn: sa.Connection, changes: Changes) -> None:
     new = [w for k, w in changes.workloads.items() if k in changes.new_workloads]
     old = [w for k, w in changes.workloads.items() if k not in changes.new_workloads]
     if new:
-        conn.execute(t.workloads.insert(), [_workload_values(w) for w in new])
+        execute(conn, _INSERT_WORKLOAD, [_workload_values(w) for w in new])
     if old:
-        conn.execute(
-            t.workloads.update()
-            .where(t.workloads.c.workload_id == sa.bindparam("b_workload_id"))
-            .values({c: sa.bindparam(f"b_{c}") for c in _WORKLOAD_MUTABLE}),
+        execute(
+            conn,
+            _UPDATE_WORKLOAD,
             [
                 {f"b_{k}": v for k, v in _workload_values(w).items() if k in _WORKLOAD_MUTABLE}
                 | {"b_workload_id": w.workload_id}
@@ -367,27 +392,16 @@ def _save_rows(conn: sa.Connection, changes: Changes) -> None:
 
 
 def _delete_rows(conn: sa.Connection, keys: list[dict[str, str]]) -> None:
-    conn.execute(
-        t.gpu_bookings.delete().where(
-            t.gpu_bookings.c.machine_id == sa.bindparam("b_m"),
-            t.gpu_bookings.c.workload_id == sa.bindparam("b_w"),
-        ),
-        keys,
-    )
-    conn.execute(
-        t.desired_rows.delete().where(
-            t.desired_rows.c.machine_id == sa.bindparam("b_m"),
-            t.desired_rows.c.workload_id == sa.bindparam("b_w"),
-        ),
-        keys,
-    )
+    execute(conn, _DELETE_BOOKINGS, keys)
+    execute(conn, _DELETE_ROW, keys)
 
 
 def _insert_rows(conn: sa.Connection, changes: Changes) -> None:
     present = [(m, row) for (m, _), row in changes.rows.items() if row is not None]
     if present:
-        conn.execute(
-            t.desired_rows.insert(),
+        execute(
+            conn,
+            _INSERT_ROW,
             [
                 {
                     "machine_id": m,
@@ -408,7 +422,7 @@ def _insert_rows(conn: sa.Connection, changes: Changes) -> None:
         for uuid in row.gpus
     ]
     if bookings:
-        conn.execute(t.gpu_bookings.insert(), bookings)
+        execute(conn, _INSERT_BOOKING, bookings)
 
 
 def _machine(r: Any) -> Machine:

@@ -25,6 +25,7 @@ from einsora.api.services.workloads import exists
 from einsora.api.store import Store, insert_all_ignoring
 from einsora.common.ids import is_id
 from einsora.common.schemas import EventKind, WorkloadEvent, utcnow
+from einsora.store import statements
 
 log = logging.getLogger("einsora.api.timeline")
 
@@ -185,7 +186,9 @@ def _apply_all(
         insert_all_ignoring(conn, m.timeline, entries, keys=["event_id"])
     if moved:
         at = utcnow()
-        conn.execute(_MOVE_WORKLOAD, [{**row, "updated_at": at} for row in moved.values()])
+        statements.execute(
+            conn, _MOVE_WORKLOAD, [{**row, "updated_at": at} for row in moved.values()]
+        )
     return applied
 
 

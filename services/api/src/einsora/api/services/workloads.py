@@ -56,6 +56,7 @@ from einsora.common.schemas import (
     WorkloadState,
     utcnow,
 )
+from einsora.store.statements import execute
 
 
 def next_state(action: IntentAction, current: WorkloadState) -> WorkloadState:
@@ -323,17 +324,17 @@ async def create(
         if capped:
             # Counted in the transaction that inserts: concurrent launches cannot all pass.
             check_workload_cap(conn, principal.tenant_id, default_cap, more=len(rows))
-        # Statements built once, parameters apart: SQLAlchemy compiles each only once.
+        # Statements built once, handed to the driver (`einsora.store.statements`).
         if len(rows) == 1 and len(entries) == 1:
-            conn.execute(_INSERT_WORKLOAD, row)
-            conn.execute(_INSERT_TIMELINE, entries[0])
-            conn.execute(_INSERT_OUTBOX, outboxes[0])
+            execute(conn, _INSERT_WORKLOAD, row)
+            execute(conn, _INSERT_TIMELINE, entries[0])
+            execute(conn, _INSERT_OUTBOX, outboxes[0])
         else:
-            conn.execute(_INSERT_WORKLOAD, rows[0])  # before the replicas that refer to it
+            execute(conn, _INSERT_WORKLOAD, rows[0])  # before the replicas that refer to it
             if rows[1:]:
-                conn.execute(_INSERT_WORKLOAD, rows[1:])
-            conn.execute(_INSERT_TIMELINE, entries)
-            conn.execute(_INSERT_OUTBOX, outboxes)
+                execute(conn, _INSERT_WORKLOAD, rows[1:])
+            execute(conn, _INSERT_TIMELINE, entries)
+            execute(conn, _INSERT_OUTBOX, outboxes)
         if idempotency_key:
             conn.execute(
                 sa.insert(m.idempotency_keys).values(
@@ -456,10 +457,10 @@ async def act(
             .where(m.workloads.c.id == r["id"])
             .values(state=target.value, updated_at=now)
         )
-        conn.execute(_INSERT_TIMELINE, _entry(r["id"], target, reason, request_id, now))
+        execute(conn, _INSERT_TIMELINE, _entry(r["id"], target, reason, request_id, now))
         intent = _intent(action, r)
-        conn.execute(
-            _INSERT_OUTBOX, outbox_row(intent, request_id=request_id, traceparent=traceparent)
+        execute(
+            conn, _INSERT_OUTBOX, outbox_row(intent, request_id=request_id, traceparent=traceparent)
         )
 
     out = await store.run(record)
