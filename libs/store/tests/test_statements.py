@@ -80,6 +80,17 @@ async def test_rows_are_stored_exactly_as_connection_execute_stores_them(store_u
     await db.close()
 
 
+async def test_an_in_memory_database_stores_the_same(sqlite_url: str) -> None:
+    # Its units run through aiosqlite, not on the store's threads: SQLAlchemy executes them.
+    rows = []
+    for url in (sqlite_url, "sqlite+aiosqlite://"):
+        db = await _made(url)
+        await db.run(lambda conn: statements.execute(conn, _INSERT, [_row("a"), _row("b")]))
+        rows.append(await db.query(_stored))
+        await db.close()
+    assert rows[0] == rows[1]
+
+
 async def test_an_update_by_bound_parameters_changes_the_rows_named(store_url: str) -> None:
     db = await _made(store_url)
     await db.run(lambda conn: statements.execute(conn, _INSERT, [_row("a"), _row("b")]))

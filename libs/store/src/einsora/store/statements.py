@@ -8,9 +8,10 @@ stored is byte for byte what `Connection.execute` stores), and hands the rows to
 cursor of the unit's connection, inside its transaction. Errors come out as SQLAlchemy's own
 (`IntegrityError` for a duplicate key), so callers catch what they always caught.
 
-Only SQLite goes this way. Postgres (asyncpg under `run_sync`) keeps `Connection.execute`, as
-does any statement whose compiled form needs more than the caller's parameters (a Python-side
-column default, an expanding `IN`): SQLAlchemy fills those at execution time.
+Only SQLite through its own driver (the store's unit threads) goes this way. Postgres (asyncpg
+under `run_sync`) and an in-memory SQLite (aiosqlite) keep `Connection.execute`, as does any
+statement whose compiled form needs more than the caller's parameters (a Python-side column
+default, an expanding `IN`): SQLAlchemy fills those at execution time.
 
 Statements must be built once (module constants), since each is compiled once per identity.
 """
@@ -60,7 +61,8 @@ def execute(
     if not rows:
         return Executed(0)
     dialect = conn.dialect
-    prepared = _prepare(dialect, statement, tuple(rows[0])) if dialect.name == "sqlite" else None
+    fast = dialect.name == "sqlite" and dialect.driver == "pysqlite"
+    prepared = _prepare(dialect, statement, tuple(rows[0])) if fast else None
     if prepared is None:
         result = conn.execute(statement, params)
         key = None
