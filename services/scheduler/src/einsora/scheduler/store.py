@@ -183,12 +183,7 @@ def _check_fence(conn: sa.Connection, fence: tuple[str, int]) -> None:
     # An UPDATE, not a SELECT: it takes the row's lock, so a takeover (take_term) and this
     # commit are ordered, and the loser sees the winner's term.
     region, term = fence
-    result = conn.execute(
-        t.leases.update()
-        .where(t.leases.c.region == region, t.leases.c.term == term)
-        .values(term=term)
-    )
-    if result.rowcount != 1:
+    if execute(conn, _FENCE, {"b_region": region, "b_term": term}).rowcount != 1:
         raise Deposed(f"the lease of region {region!r} moved past term {term}")
 
 
@@ -309,6 +304,11 @@ _WORKLOAD_MUTABLE = (
 )
 
 # The commit's statements, built once: `execute` hands them to the driver on SQLite.
+_FENCE = (
+    t.leases.update()
+    .where(t.leases.c.region == sa.bindparam("b_region"), t.leases.c.term == sa.bindparam("b_term"))
+    .values(term=t.leases.c.term)
+)
 _INSERT_MACHINE = t.machines.insert()
 _UPDATE_MACHINE = (
     t.machines.update()
