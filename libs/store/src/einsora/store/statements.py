@@ -117,9 +117,8 @@ def _prepare(dialect: Dialect, statement: sa.Executable, keys: tuple[str, ...]) 
         processors = compiled._bind_processors  # what Connection.execute applies, exactly
         ready = _Prepared(str(compiled), names, tuple(processors.get(n) for n in names))
     with _lock:
-        if (
-            len(_prepared) >= _MOST_PREPARED
-        ):  # statements built per call: a caller's bug, not a leak
+        # Statements built per call would fill it: a caller's bug, which must not become a leak.
+        if len(_prepared) >= _MOST_PREPARED:
             _prepared.clear()
         _prepared[cache_key] = (statement, ready)
     return ready
