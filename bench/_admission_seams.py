@@ -13,11 +13,12 @@ import time
 from typing import Protocol
 
 import aiohttp
+from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
-from nats.js.api import PubAck
 from nats.js.kv import KeyValue
 
 from einsora.common.bus import bind_bucket, message_headers, names
+from einsora.common.bus.batch import BatchPublisher, Message
 from einsora.common.ids import new_id
 from einsora.common.schemas import Enrolment, Gpu, Inventory, WorkloadIntent, WorkloadKind
 
@@ -32,6 +33,9 @@ API_LIMITS_OFF = {
 """The api's rate limits and workload cap, off: the bench launches thousands a minute as one
 token, which is what the limits are there to refuse."""
 
+
+RELAY_ROWS = 500
+"""The most outbox rows the api's relay publishes together (OutboxRelay's `batch`)."""
 
 TENANT = "t-bench"
 """The tenant of the intents IntentLauncher publishes."""
@@ -63,13 +67,19 @@ class DesiredObserver(Protocol):
 
 
 class IntentLauncher:
-    """Publishes create intents as the api's outbox relay would (acks awaited together)."""
+    """Publishes create intents as the api's outbox relay does: whatever has queued up since its
+    last publish goes out together (up to its 500 rows), a run as atomic batches
+    (bus/batch.py), the next run once that one is acked."""
 
-    def __init__(self, js: JetStreamContext, region: str = "local") -> None:
-        self._js = js
+    def __init__(self, nc: NATS, js: JetStreamContext, region: str = "local") -> None:
         self._region = region
+        self._out = BatchPublisher(nc, js, stream=names.INTENTS.name)
         self.launched: dict[str, float] = {}
-        self._pending: list[asyncio.Future[PubAck]] = []
+        self._queued: list[tuple[str, Message]] = []
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._relay: asyncio.Task[None] | None = None
 
     async def tenant(self) -> str:
         return TENANT
@@ -86,19 +96,35 @@ class IntentLauncher:
                 "class": class_name,
             }
         )
-        future = await self._js.publish_async(
-            names.intent_subject(self._region, workload_id),
-            intent.to_bytes(),
-            headers=message_headers(request_id=new_id("request"), msg_id=intent.intent_id),
-        )
-        future.add_done_callback(
-            lambda _: self.launched.setdefault(workload_id, time.perf_counter())
-        )
-        self._pending.append(future)
+        headers = message_headers(request_id=new_id("request"), msg_id=intent.intent_id)
+        subject = names.intent_subject(self._region, workload_id)
+        self._queued.append((workload_id, (subject, intent.to_bytes(), headers)))
+        self._idle.clear()
+        self._wake.set()
+        if self._relay is None:
+            self._relay = asyncio.create_task(self._run())
+        await asyncio.sleep(0)  # as a request would: the relay gets its turn between launches
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queued:
+                run, self._queued = self._queued[:RELAY_ROWS], self._queued[RELAY_ROWS:]
+                outcomes = await self._out.publish([message for _, message in run])
+                now = time.perf_counter()
+                for (workload_id, _), outcome in zip(run, outcomes, strict=True):
+                    if isinstance(outcome, BaseException):
+                        raise outcome
+                    self.launched.setdefault(workload_id, now)
+            if not self._wake.is_set():
+                self._idle.set()
 
     async def settle(self) -> None:
-        pending, self._pending = self._pending, []
-        await asyncio.gather(*pending)
+        while not self._idle.is_set():
+            if self._relay is not None and self._relay.done():
+                self._relay.result()  # why it stopped, raised here
+            await asyncio.sleep(0.005)
 
 
 class ApiLauncher:

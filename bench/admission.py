@@ -19,10 +19,13 @@ floor. With the agent it also measures launch → the agent reporting the worklo
   `--rounds` times in one sitting, and ends with both admissions/s and the change (ADR-0020).
 
 The same run measures the bus's durable-write ceiling first (pipelined JetStream publishes per
-second to a scratch stream, `sync_interval: always`, as every stream here is) and counts the
-JetStream messages stored per admission during the burst (heartbeats included), by stream, so
-the figure can be read against the physical limit: ceiling / writes per admission. The paced
-phase starts only once the burst is digested (no intent, event or outbox row left to process).
+second to a scratch stream, `sync_interval: always`, as every stream here is) and what an atomic
+batch's commit costs in that unit (bus/batch.py: a burst's intents and events go out in such
+batches), then counts the JetStream messages stored per admission during the burst (heartbeats
+included), by stream, and the durable writes they took, each atomic batch counted at its measured
+cost, so the figure can be read against the physical limit: ceiling / writes per admission.
+The paced phase starts only once the burst is digested (no intent, event or outbox row left to
+process).
 
 It also says where the burst's time went: how fast the launches were answered (the api's 201,
 or JetStream's ack with `--direct`) beside how fast they were placed, how busy each process was
@@ -60,12 +63,19 @@ from _admission_seams import (
     enrol,
     sim_machine_ids,
 )
-from _bus_figures import durable_write_ceiling, stored_by_stream, until_digested
+from _bus_figures import (
+    batch_cost,
+    batched_runs,
+    durable_write_ceiling,
+    stored_by_stream,
+    until_digested,
+)
 from _harness import DEFAULT_POSTGRES, fresh_postgres, load, report, summary_ms
 from aiohttp import web
 
 from einsora.agent.identity import sim_machine_ids as agent_machine_ids
 from einsora.common.bus import connect, names, provision
+from einsora.common.bus.provision import ATOMIC_BATCHES
 from einsora.common.embedded_nats import EmbeddedNats
 from einsora.common.ids import new_id
 
@@ -174,13 +184,14 @@ async def run(
         nc = await connect(server.url, name="bench-admission")
         js = nc.jetstream()
         ceiling = await durable_write_ceiling(js)
+        cost = await batch_cost(nc, js)
         await provision(js)
         kv = await js.key_value(names.MACHINES.name)
         observer: DesiredObserver = KvObserver(kv, "desired")
         reported = KvObserver(kv, "observed")
         processes: list[subprocess.Popen[bytes]] = []
         launcher: Launcher = (
-            IntentLauncher(js)
+            IntentLauncher(nc, js)
             if direct
             else await _api_launcher(tmp, server.url, processes, database_url)
         )
@@ -223,7 +234,8 @@ async def run(
             cores: dict[str, float] = {}
             by_stream: dict[str, float] = {}
             burst_lat: dict[str, float | None] = {"p50": None, "p99": None}
-            writes = 0
+            writes = durable = 0.0
+            batches: list[int] = []
             if burst:
                 stored0 = await stored_by_stream(js)
                 pids = {"scheduler": scheduler.pid, "nats-server": server.pid or 0}
@@ -255,6 +267,11 @@ async def run(
                     if n != stored0.get(name, 0)
                 }
                 writes = sum(stored1.values()) - sum(stored0.values())
+                durable = writes
+                for stream in ATOMIC_BATCHES:
+                    _, sizes = await batched_runs(js, stream.name, stored0.get(stream.name, 0))
+                    batches += sizes
+                    durable += sum(cost.writes(n, ceiling) - n for n in sizes)
             if agent:
                 # Watching every observed key parses each agent's complete state: on 2 cores
                 # that would take CPU from the system measured, so only the paced phase does.
@@ -279,7 +296,8 @@ async def run(
             await nc.close()
 
     throughput = burst / burst_s if burst else 0.0
-    per_admission = writes / burst if burst else None
+    stored_per_admission = writes / burst if burst else None
+    per_admission = durable / burst if burst else None
     bound = ceiling / per_admission if per_admission else None
     fraction = throughput / bound if bound else None
     bus = load("bus")
@@ -288,8 +306,15 @@ async def run(
         "burst": burst,
         "admissions_per_s": round(throughput),
         "durable_write_ceiling_per_s": round(ceiling),
+        "batch_commit_fixed_ms": round(cost.fixed_s * 1000, 3),
+        "batch_commit_per_message_ms": round(cost.per_message_s * 1000, 4),
+        "messages_stored_per_admission": (
+            round(stored_per_admission, 2) if stored_per_admission else None
+        ),
+        "messages_stored_per_admission_by_stream": by_stream,
+        "atomic_batches": len(batches),
+        "messages_in_atomic_batches": sum(batches),
         "durable_writes_per_admission": round(per_admission, 2) if per_admission else None,
-        "durable_writes_per_admission_by_stream": by_stream,
         "admission_bound_per_s": round(bound) if bound else None,
         "fraction_of_bound": round(fraction, 3) if fraction else None,
         "burst_latency_p50_ms": burst_lat["p50"],
@@ -362,12 +387,24 @@ async def run(
                 f"{ceiling:,.0f}/s",
             ),
             (
+                "  an atomic batch of n messages costs (measured alone)",
+                f"{cost.fixed_s * 1000:.2f} ms + n x {cost.per_message_s * 1000:.4f} ms",
+            ),
+            (
                 "  JetStream messages stored per admission (heartbeats included)",
-                f"{per_admission:.2f}" if per_admission else "-",
+                f"{stored_per_admission:.2f}" if stored_per_admission else "-",
             ),
             (
                 "    by stream",
                 ", ".join(f"{name} {n:.2f}" for name, n in by_stream.items()) or "-",
+            ),
+            (
+                "    of them in atomic batches",
+                f"{sum(batches):,} in {len(batches):,} batches" if burst else "-",
+            ),
+            (
+                "  durable writes per admission (a batch counted at its cost)",
+                f"{per_admission:.2f}" if per_admission else "-",
             ),
             (
                 "  admissions the bus allows (ceiling / writes per admission)",

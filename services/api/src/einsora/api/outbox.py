@@ -32,6 +32,7 @@ from einsora.api import models as m
 from einsora.api.store import Store
 from einsora.common import lifecycle, telemetry
 from einsora.common.bus import message_headers, names
+from einsora.common.bus.batch import BatchPublisher, Message
 from einsora.common.errors import BusUnavailable
 from einsora.common.schemas import WorkloadIntent, WorkloadState, utcnow
 
@@ -131,6 +132,10 @@ class OutboxRelay:
         self._poll_s = poll_s
         self._ack_timeout_s = ack_timeout_s
         self._retain = retain
+        self.intents_out = BatchPublisher(
+            nc, js, stream=names.INTENTS.name, timeout_s=ack_timeout_s
+        )
+        """A burst's rows go out as atomic batches, one commit each (bus/batch.py)."""
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self.published = 0
@@ -187,32 +192,23 @@ class OutboxRelay:
                 return total
             if not self._nc.is_connected:
                 raise BusUnavailable("not connected to NATS")
-            futures: list[asyncio.Future[PubAck]] = []
             spans = _publish_spans(rows) if telemetry.ON else None
+            messages: list[Message] = []
+            for i, row in enumerate(rows):
+                traceparent = row.traceparent
+                if spans is not None:
+                    traceparent = telemetry.traceparent_of(spans[i]) or traceparent
+                headers = message_headers(
+                    request_id=row.request_id, msg_id=row.intent_id, traceparent=traceparent
+                )
+                messages.append((row.subject, row.payload.encode(), headers))
             try:
-                for i, row in enumerate(rows):
-                    traceparent = row.traceparent
-                    if spans is not None:
-                        traceparent = telemetry.traceparent_of(spans[i]) or traceparent
-                    headers = message_headers(
-                        request_id=row.request_id, msg_id=row.intent_id, traceparent=traceparent
-                    )
-                    futures.append(
-                        await self._js.publish_async(
-                            row.subject, row.payload.encode(), headers=headers
-                        )
-                    )
+                acks = await self.intents_out.publish(messages)
             except BaseException:
-                for future in futures:
-                    future.cancel()  # their rows stay unsent and go out again, de-duplicated
                 if spans is not None:
                     for span in spans:
                         span.end()
-                raise
-            acks = await asyncio.gather(
-                *(asyncio.wait_for(f, self._ack_timeout_s) for f in futures),
-                return_exceptions=True,
-            )
+                raise  # the rows stay unsent and go out again, de-duplicated
             if spans is not None:
                 _end_spans(spans, acks)
             # Only the rows before the first failure count as sent, so a retry keeps the order

@@ -9,9 +9,10 @@ Everything here is a replayable copy of what the store already holds (ADR-0004):
 
 A cycle's projection is serialised the moment its decisions are committed (`prepare`), then
 sent while the next cycle decides (`write`): its desired states, then, once they are stored,
-its events and routes together; each after the previous projection's, so every key's writes
-stay in order. What could not be written goes back to pending and is retried by a later projection;
-an intent is acked only after its cycle's projection was written in full (ADR-0004).
+its events and routes together (a burst's events as atomic batches, one commit each:
+bus/batch.py); each after the previous projection's, so every key's writes stay in order. What
+could not be written goes back to pending and is retried by a later projection; an intent is
+acked only after its cycle's projection was written in full (ADR-0004).
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
 from einsora.common import telemetry
 from einsora.common.bus import message_headers, names
+from einsora.common.bus.batch import BatchPublisher, Message
 from einsora.common.errors import EinsoraError
 from einsora.common.schemas import DesiredState, DesiredWorkload, Route
 from einsora.scheduler.book import Book, Changes, OutboxEvent
@@ -72,9 +75,12 @@ class Projection:
 class Projector:
     """Pending projections and how to write them."""
 
-    def __init__(self, js: JetStreamContext, *, publish_timeout_s: float = 5.0) -> None:
+    def __init__(self, nc: NATS, js: JetStreamContext, *, publish_timeout_s: float = 5.0) -> None:
         self._js = js
         self._timeout = publish_timeout_s
+        self.events_out = BatchPublisher(
+            nc, js, stream=names.EVENTS.name, timeout_s=publish_timeout_s
+        )
         self.dirty: set[str] = set()
         """Machines whose desired state in KV may lag the store."""
         self.written_revision: dict[str, int] = {}
@@ -168,9 +174,12 @@ class Projector:
                 # The timeline promises what the agent can see: events after desired states.
                 if after is not None:
                     await after.events_sent.wait()
-                rest = await self._send(self._events_and_routes(projection))
+                routes = await self._send(self._routes(projection))
+                # Sent whole before the next projection's, even where a batch falls back to
+                # one by one, so a workload's events are stored in their order.
+                events = await self.events_out.publish(self._events(projection))
                 projection.events_sent.set()
-                acks += await self._settle(rest)
+                acks += events + await self._settle(routes)
         finally:
             # Whatever happened, the next projection must not wait on this one for ever.
             projection.desired_sent.set()
@@ -179,14 +188,20 @@ class Projector:
         self._settled(projection, acks)
 
     @staticmethod
-    def _events_and_routes(
-        projection: Projection,
-    ) -> Iterator[tuple[str, bytes, dict[str, str] | None]]:
-        for e in projection.events:
-            headers = message_headers(
-                request_id=e.request_id, msg_id=e.event.event_id, traceparent=e.traceparent
+    def _events(projection: Projection) -> list[Message]:
+        return [
+            (
+                names.event_subject(e.event.workload_id),
+                e.event.to_bytes(),
+                message_headers(
+                    request_id=e.request_id, msg_id=e.event.event_id, traceparent=e.traceparent
+                ),
             )
-            yield names.event_subject(e.event.workload_id), e.event.to_bytes(), headers
+            for e in projection.events
+        ]
+
+    @staticmethod
+    def _routes(projection: Projection) -> Iterator[tuple[str, bytes, dict[str, str] | None]]:
         for workload_id, route in projection.routes.items():
             subject = names.ROUTES.key_subject(names.route_key(workload_id))
             if route is None:

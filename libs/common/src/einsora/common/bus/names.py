@@ -22,6 +22,12 @@ TRACEPARENT_HEADER: Final = "traceparent"
 MSG_ID_HEADER: Final = "Nats-Msg-Id"
 """JetStream de-duplication id, set on every publish that may be retried."""
 
+BATCH_ID_HEADER: Final = "Nats-Batch-Id"
+BATCH_SEQUENCE_HEADER: Final = "Nats-Batch-Sequence"
+BATCH_COMMIT_HEADER: Final = "Nats-Batch-Commit"
+"""An atomic batch's headers (bus/batch.py): its id, each message's place in it, and on its last
+message the commit. JetStream keeps them on the stored messages."""
+
 # --- streams ----------------------------------------------------------------------------------
 
 

@@ -42,6 +42,10 @@ ALL_BUT_ROUTES: tuple[str, ...] = (
 """What the api provisions: every stream but the routes bucket, which its identity cannot reach."""
 
 
+ATOMIC_BATCHES: tuple[names.StreamName, ...] = (names.INTENTS, names.EVENTS)
+"""The streams whose publishers send runs of messages as atomic batches."""
+
+
 def stream_configs(replicas: int = 1) -> list[StreamConfig]:
     """The declared configuration of every stream, KV streams included."""
     limits = {
@@ -65,6 +69,9 @@ def stream_configs(replicas: int = 1) -> list[StreamConfig]:
             # The api's anti-entropy asks for each waiting workload's last intent by subject
             # (ADR-0011); a direct get is answered by any replica, without the stream leader.
             allow_direct=True if s is names.INTENTS else None,
+            # A burst's intents and events go out in atomic batches, one commit (one fsync)
+            # each (bus/batch.py).
+            allow_atomic=True if s in ATOMIC_BATCHES else None,
         )
         for s in names.STREAMS
     ]
