@@ -3,6 +3,7 @@
 import secrets
 
 from nats.js.api import PubAck, StreamConfig
+from prometheus_client import CollectorRegistry
 
 from einsora.common.bus import names
 from einsora.common.bus.batch import MAX_BATCH, MIN_BATCH, BatchPublisher, Message
@@ -119,6 +120,24 @@ async def test_without_a_connection_every_message_is_reported_unsent(bus: Bus) -
 
     assert len(outcomes) == 20
     assert all(isinstance(o, BaseException) for o in outcomes)
+
+
+async def test_batches_and_refusals_are_counted_for_prometheus(bus: Bus) -> None:
+    registry = CollectorRegistry()
+    publisher = BatchPublisher(bus.nc, bus.js, stream=names.EVENTS.name, registry=registry)
+    labels = {"stream": names.EVENTS.name}
+
+    def count(name: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    assert count("einsora_bus_atomic_batches_total") == 0  # every series there from the start
+    run = _events(20)
+    await publisher.publish(run)
+    await publisher.publish(run)  # all stored already: refused, then one by one
+
+    assert count("einsora_bus_atomic_batches_total") == 1
+    assert count("einsora_bus_messages_batched_total") == 20
+    assert count("einsora_bus_atomic_batches_refused_total") == 1
 
 
 async def test_intents_and_events_take_atomic_batches(bus: Bus) -> None:

@@ -26,6 +26,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from opentelemetry.trace import Span, SpanKind, StatusCode
+from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import SQLAlchemyError
 
 from einsora.api import models as m
@@ -124,6 +125,7 @@ class OutboxRelay:
         poll_s: float = 1.0,
         ack_timeout_s: float = 5.0,
         retain: timedelta = timedelta(days=1),
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self._store = store
         self._nc = nc
@@ -133,7 +135,7 @@ class OutboxRelay:
         self._ack_timeout_s = ack_timeout_s
         self._retain = retain
         self.intents_out = BatchPublisher(
-            nc, js, stream=names.INTENTS.name, timeout_s=ack_timeout_s
+            nc, js, stream=names.INTENTS.name, timeout_s=ack_timeout_s, registry=registry
         )
         """A burst's rows go out as atomic batches, one commit each (bus/batch.py)."""
         self._task: asyncio.Task[None] | None = None

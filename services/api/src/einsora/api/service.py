@@ -168,7 +168,7 @@ class ApiService:
             await self._key_use.start()
             await self._machines.start(self.nc, js)
             await self._regions.start(self.nc, js)
-            self.relay = OutboxRelay(self.store, self.nc, js)
+            self.relay = OutboxRelay(self.store, self.nc, js, registry=metrics.registry)
             await self.relay.start()
             self.anti_entropy = AntiEntropy(
                 self.store,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
+from prometheus_client import CollectorRegistry
 
 from einsora.common import telemetry
 from einsora.common.bus import message_headers, names
@@ -75,11 +76,18 @@ class Projection:
 class Projector:
     """Pending projections and how to write them."""
 
-    def __init__(self, nc: NATS, js: JetStreamContext, *, publish_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        nc: NATS,
+        js: JetStreamContext,
+        *,
+        publish_timeout_s: float = 5.0,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self._js = js
         self._timeout = publish_timeout_s
         self.events_out = BatchPublisher(
-            nc, js, stream=names.EVENTS.name, timeout_s=publish_timeout_s
+            nc, js, stream=names.EVENTS.name, timeout_s=publish_timeout_s, registry=registry
         )
         self.dirty: set[str] = set()
         """Machines whose desired state in KV may lag the store."""

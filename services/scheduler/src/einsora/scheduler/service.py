@@ -225,7 +225,12 @@ class SchedulerService:
         self._lease.keep(self._deposed)
         await self._store.forget_old_intents()
         routes = await js.key_value(names.ROUTES.name)
-        projector = Projector(self._nc, js, publish_timeout_s=self._publish_timeout_s)
+        projector = Projector(
+            self._nc,
+            js,
+            publish_timeout_s=self._publish_timeout_s,
+            registry=self.metrics.registry,
+        )
         if self.settings.nats_replicas == 1:
             # Each desired-state write is fenced on the lease's term key. A clustered stream
             # refuses a second such check while one is in flight (JetStream's error 10164), which

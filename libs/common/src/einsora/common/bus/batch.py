@@ -21,13 +21,23 @@ import json
 import logging
 import secrets
 import time
+import weakref
 from collections.abc import Sequence
+from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
 from einsora.common.bus import names
+
+try:
+    from prometheus_client import REGISTRY, CollectorRegistry
+    from prometheus_client import Counter as PrometheusCounter
+
+    _HAVE_PROMETHEUS: bool = True
+except ImportError:  # the agent and the CLI install without it (and publish no batches)
+    _HAVE_PROMETHEUS = False
 
 log = logging.getLogger("einsora.bus.batch")
 
@@ -57,10 +67,22 @@ class BatchRefused(Exception):
 
 
 class BatchPublisher:
-    """Publishes runs of messages to one stream, as atomic batches where that pays."""
+    """Publishes runs of messages to one stream, as atomic batches where that pays.
+
+    With `prometheus_client` installed it counts, in `registry` (the default one when None),
+    `einsora_bus_atomic_batches_total{stream}` (batches stored),
+    `einsora_bus_messages_batched_total{stream}` (the messages in them) and
+    `einsora_bus_atomic_batches_refused_total{stream}` (batches sent again one by one).
+    """
 
     def __init__(
-        self, nc: NATS, js: JetStreamContext, *, stream: str, timeout_s: float = 5.0
+        self,
+        nc: NATS,
+        js: JetStreamContext,
+        *,
+        stream: str,
+        timeout_s: float = 5.0,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self._nc = nc
         self._js = js
@@ -68,9 +90,11 @@ class BatchPublisher:
         self._timeout = timeout_s
         self._atomic_refused_at: float | None = None
         self.batches = 0
-        """Atomic batches stored (for metrics and benchmarks)."""
+        """Atomic batches stored."""
         self.batched = 0
         """Messages stored in them."""
+        exported = _prometheus_counters(registry)
+        self._exported = None if exported is None else tuple(c.labels(stream) for c in exported)
 
     async def publish(self, messages: Sequence[Message]) -> list[Outcome]:
         """Publish `messages` in order; each one's ack, or the exception that says why it was
@@ -84,6 +108,8 @@ class BatchPublisher:
                     continue
                 except Exception as exc:  # refused, unanswered or cut off: one by one instead
                     self._refused(exc)
+                    if self._exported is not None:
+                        self._exported[2].inc()
             outcomes.extend(await self._one_by_one(chunk))
         return outcomes
 
@@ -126,6 +152,9 @@ class BatchPublisher:
         self._atomic_refused_at = None
         self.batches += 1
         self.batched += len(chunk)
+        if self._exported is not None:
+            self._exported[0].inc()
+            self._exported[1].inc(len(chunk))
         first = int(answer["seq"]) - len(chunk) + 1
         stream = answer.get("stream", self._stream)
         return [PubAck(stream=stream, seq=first + i, batch_id=batch_id) for i in range(len(chunk))]
@@ -151,3 +180,38 @@ class BatchPublisher:
         unsent = failure or ConnectionError("not sent")
         outcomes.extend(unsent for _ in range(len(chunk) - len(outcomes)))
         return outcomes
+
+
+_EXPORTED: weakref.WeakKeyDictionary[Any, tuple[Any, Any, Any]] = weakref.WeakKeyDictionary()
+
+
+def _prometheus_counters(registry: CollectorRegistry | None) -> tuple[Any, Any, Any] | None:
+    """The (batches, messages batched, batches refused) counters in `registry`, made once per
+    registry; None where `prometheus_client` is not installed."""
+    if not _HAVE_PROMETHEUS:
+        return None
+    target = REGISTRY if registry is None else registry
+    exported = _EXPORTED.get(target)
+    if exported is None:
+        exported = (
+            PrometheusCounter(
+                "einsora_bus_atomic_batches",
+                "Atomic batches JetStream stored, by stream",
+                ["stream"],
+                registry=target,
+            ),
+            PrometheusCounter(
+                "einsora_bus_messages_batched",
+                "Messages stored in atomic batches, by stream",
+                ["stream"],
+                registry=target,
+            ),
+            PrometheusCounter(
+                "einsora_bus_atomic_batches_refused",
+                "Atomic batches refused or unanswered, then sent message by message, by stream",
+                ["stream"],
+                registry=target,
+            ),
+        )
+        _EXPORTED[target] = exported
+    return exported
