@@ -121,10 +121,16 @@ class IntentLauncher:
                 self._idle.set()
 
     async def settle(self) -> None:
-        while not self._idle.is_set():
-            if self._relay is not None and self._relay.done():
-                self._relay.result()  # why it stopped, raised here
-            await asyncio.sleep(0.005)
+        if self._relay is None:
+            return
+        idle = asyncio.ensure_future(self._idle.wait())
+        try:
+            # The relay only ends by failing: then why, raised here, instead of waiting on.
+            await asyncio.wait((idle, self._relay), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            idle.cancel()
+        if self._relay.done():
+            self._relay.result()
 
 
 class ApiLauncher:

@@ -38,14 +38,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -63,6 +62,7 @@ from _admission_seams import (
     enrol,
     sim_machine_ids,
 )
+from _admission_tracing import compare_tracing, otlp_sink
 from _bus_figures import (
     batch_cost,
     batched_runs,
@@ -71,7 +71,6 @@ from _bus_figures import (
     until_digested,
 )
 from _harness import DEFAULT_POSTGRES, fresh_postgres, load, report, summary_ms
-from aiohttp import web
 
 from einsora.agent.identity import sim_machine_ids as agent_machine_ids
 from einsora.common.bus import connect, names, provision
@@ -499,92 +498,6 @@ def main() -> None:
             compare_tracing(rounds, endpoint)
 
     asyncio.run(main_async())
-
-
-@contextlib.asynccontextmanager
-async def otlp_sink() -> AsyncIterator[str]:
-    """An OTLP/HTTP endpoint that takes every export and keeps nothing: the services pay for
-    making, batching, encoding and sending their spans, as against a real collector."""
-    received = {"requests": 0, "bytes": 0}
-
-    async def traces(request: web.Request) -> web.Response:
-        body = await request.read()
-        received["requests"] += 1
-        received["bytes"] += len(body)
-        return web.Response(body=b"", content_type="application/x-protobuf")
-
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.router.add_post("/v1/traces", traces)
-    app["received"] = received
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = _free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    SINK_RECEIVED.clear()
-    SINK_RECEIVED.update(received)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        SINK_RECEIVED.update(received)
-        await runner.cleanup()
-
-
-SINK_RECEIVED: dict[str, int] = {}
-
-
-def compare_tracing(rounds: dict[str, list[dict[str, object]]], endpoint: str) -> None:
-    """The table and JSON line of a `--tracing compare` run: admissions/s off and on."""
-
-    def mean(mode: str, key: str) -> float:
-        values = [float(str(r[key])) for r in rounds[mode] if r.get(key) is not None]
-        return sum(values) / len(values) if values else float("nan")
-
-    off, on = mean("off", "admissions_per_s"), mean("on", "admissions_per_s")
-    change = (on - off) / off * 100 if off else float("nan")
-    figures = {
-        "rounds": len(rounds["on"]),
-        "admissions_per_s_tracing_off": round(off),
-        "admissions_per_s_tracing_on": round(on),
-        "admissions_change_percent": round(change, 1),
-        "each_off": [r["admissions_per_s"] for r in rounds["off"]],
-        "each_on": [r["admissions_per_s"] for r in rounds["on"]],
-        "paced_latency_p50_ms_off": mean("off", "paced_latency_p50_ms"),
-        "paced_latency_p50_ms_on": mean("on", "paced_latency_p50_ms"),
-        "scheduler_cpu_ms_per_admission_off": mean("off", "scheduler_cpu_ms_per_admission"),
-        "scheduler_cpu_ms_per_admission_on": mean("on", "scheduler_cpu_ms_per_admission"),
-        "api_cpu_ms_per_admission_off": mean("off", "api_cpu_ms_per_admission"),
-        "api_cpu_ms_per_admission_on": mean("on", "api_cpu_ms_per_admission"),
-        # The SDK's own reading of these; unset, every trace is recorded (parentbased_always_on).
-        "sampler": os.environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on"),
-        "sampler_arg": os.environ.get("OTEL_TRACES_SAMPLER_ARG"),
-        "load_average_1m": round(os.getloadavg()[0], 2),
-    }
-    report(
-        "admission-tracing",
-        [
-            ("rounds (off, then on, in one sitting)", str(figures["rounds"])),
-            ("admissions/s, tracing off", f"{off:,.0f} ({figures['each_off']})"),
-            ("admissions/s, tracing on", f"{on:,.0f} ({figures['each_on']})"),
-            ("change with tracing on", f"{change:+.1f} %"),
-            (
-                "scheduler CPU per admission, off / on",
-                f"{figures['scheduler_cpu_ms_per_admission_off']:.3f} / "
-                f"{figures['scheduler_cpu_ms_per_admission_on']:.3f} ms",
-            ),
-            (
-                "api CPU per admission, off / on",
-                f"{figures['api_cpu_ms_per_admission_off']:.3f} / "
-                f"{figures['api_cpu_ms_per_admission_on']:.3f} ms",
-            ),
-            (
-                "sampler (OTEL_TRACES_SAMPLER, _ARG)",
-                f"{figures['sampler']} {figures['sampler_arg']}",
-            ),
-            ("spans exported to", f"{endpoint} (a sink that keeps nothing)"),
-            ("load average (1 min) at the end", str(figures["load_average_1m"])),
-        ],
-        figures,
-    )
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry
 
 from einsora.common import telemetry
 from einsora.common.bus import message_headers, names
-from einsora.common.bus.batch import BatchPublisher, Message
+from einsora.common.bus.batch import BatchPublisher, Message, publish_pipelined, settle
 from einsora.common.errors import EinsoraError
 from einsora.common.schemas import DesiredState, DesiredWorkload, Route
 from einsora.scheduler.book import Book, Changes, OutboxEvent
@@ -222,12 +222,9 @@ class Projector:
     ) -> list[asyncio.Future[PubAck]]:
         """Publish each message without waiting for its ack; stops at the first that cannot
         be sent (the rest count as failed)."""
-        futures: list[asyncio.Future[PubAck]] = []
-        try:
-            for subject, payload, headers in messages:
-                futures.append(await self._js.publish_async(subject, payload, headers=headers))
-        except Exception as exc:
-            log.warning("publishing the projection failed", extra={"error": repr(exc)})
+        futures, failure = await publish_pipelined(self._js, messages)
+        if failure is not None:
+            log.warning("publishing the projection failed", extra={"error": repr(failure)})
         return futures
 
     def _settled(self, projection: Projection, acks: list[PubAck | BaseException]) -> None:
@@ -266,24 +263,8 @@ class Projector:
         self, futures: Sequence[asyncio.Future[PubAck]]
     ) -> list[PubAck | BaseException]:
         """Wait for every ack (or its failure), never longer than the publish timeout."""
-        done, pending = (
-            await asyncio.wait(futures, timeout=self._timeout) if futures else (set(), set())
-        )
-        for future in pending:
-            future.cancel()
-        results: list[PubAck | BaseException] = []
-        for future in futures:
-            if future in done and not future.cancelled() and future.exception() is None:
-                results.append(future.result())
-            elif future in done and not future.cancelled():
-                exc = future.exception()
-                assert exc is not None
-                results.append(exc)
-            else:
-                results.append(TimeoutError("no ack in time"))
-        if any(not isinstance(r, PubAck) for r in results):
-            log.warning(
-                "some publishes failed",
-                extra={"failed": sum(1 for r in results if not isinstance(r, PubAck))},
-            )
+        results = await settle(futures, self._timeout)
+        failed = sum(1 for r in results if not isinstance(r, PubAck))
+        if failed:
+            log.warning("some publishes failed", extra={"failed": failed})
         return results

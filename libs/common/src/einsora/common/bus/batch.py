@@ -22,7 +22,7 @@ import logging
 import secrets
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from nats.aio.client import Client as NATS
@@ -160,26 +160,42 @@ class BatchPublisher:
         return [PubAck(stream=stream, seq=first + i, batch_id=batch_id) for i in range(len(chunk))]
 
     async def _one_by_one(self, chunk: Sequence[Message]) -> list[Outcome]:
-        futures: list[asyncio.Future[PubAck]] = []
-        failure: BaseException | None = None
-        try:
-            for subject, payload, headers in chunk:
-                futures.append(await self._js.publish_async(subject, payload, headers=headers))
-        except Exception as exc:  # the rest count as failed, for the caller to retry
-            failure = exc
-        outcomes: list[Outcome] = []
-        if futures:
-            done, pending = await asyncio.wait(futures, timeout=self._timeout)
-            for future in pending:
-                future.cancel()
-            for future in futures:
-                if future not in done or future.cancelled():
-                    outcomes.append(TimeoutError("no ack in time"))
-                else:
-                    outcomes.append(future.exception() or future.result())
+        futures, failure = await publish_pipelined(self._js, chunk)
+        outcomes = await settle(futures, self._timeout)
         unsent = failure or ConnectionError("not sent")
         outcomes.extend(unsent for _ in range(len(chunk) - len(outcomes)))
         return outcomes
+
+
+async def publish_pipelined(
+    js: JetStreamContext, messages: Iterable[tuple[str, bytes, dict[str, str] | None]]
+) -> tuple[list[asyncio.Future[PubAck]], Exception | None]:
+    """Publish each message without waiting for its ack: the acks to come, and why the rest
+    were not sent when one could not be (they count as failed, for the caller to retry)."""
+    futures: list[asyncio.Future[PubAck]] = []
+    try:
+        for subject, payload, headers in messages:
+            futures.append(await js.publish_async(subject, payload, headers=headers))
+    except Exception as exc:
+        return futures, exc
+    return futures, None
+
+
+async def settle(futures: Sequence[asyncio.Future[PubAck]], timeout_s: float) -> list[Outcome]:
+    """Each publish's ack, or the exception that says why it has none, in order; never waits
+    longer than `timeout_s`, and cancels what is still unanswered then."""
+    if not futures:
+        return []
+    done, pending = await asyncio.wait(futures, timeout=timeout_s)
+    for future in pending:
+        future.cancel()
+    outcomes: list[Outcome] = []
+    for future in futures:
+        if future not in done or future.cancelled():
+            outcomes.append(TimeoutError("no ack in time"))
+        else:
+            outcomes.append(future.exception() or future.result())
+    return outcomes
 
 
 _EXPORTED: weakref.WeakKeyDictionary[Any, tuple[Any, Any, Any]] = weakref.WeakKeyDictionary()
