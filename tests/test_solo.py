@@ -255,6 +255,50 @@ def test_launch_wait_then_stop_and_start_keeps_everything(solo: Solo) -> None:
     solo.stop()
 
 
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def test_notebooks_see_their_own_gpu_or_none_and_keep_them_across_a_restart(solo: Solo) -> None:
+    # A machine of three H200s (one in MIG mode), read from an NVML snapshot (issue 33).
+    fixture = Path(__file__).parent / "fixtures" / "nvml" / "h200x3-mig.json"
+    solo.env["EINSORA_GPU_INVENTORY"] = str(fixture)
+    solo.start()
+    seen: dict[str, tuple[int, str]] = {}
+    for class_name in ("h200-141gb", "h200-1g.18gb", "cpu-1c-2g"):
+        launched = solo.cli("launch", "notebook", "--class", class_name, "--wait", "--json")
+        assert launched.returncode == 0, launched.stderr
+        workload_id = json.loads(launched.stdout)["id"]
+        pid = _notebook_pid(solo.data_dir, workload_id)
+        told = _environ(pid)["CUDA_VISIBLE_DEVICES"]
+        lines = solo.cli("events", workload_id, "--json").stdout.splitlines()
+        events = [json.loads(line) for line in lines]
+        note = next(e["reason"] for e in events if e["state"] == "scheduled")
+        if class_name == "cpu-1c-2g":
+            assert told == "", note
+            assert "given" not in note, note
+        else:
+            assert told, note
+            assert f" {told}" in note, (told, note)  # "given GPU-…", "slice MIG-…"
+        assert _environ(pid)["NVIDIA_VISIBLE_DEVICES"] == (told or "void")
+        if os.geteuid() == 0:  # and so its device nodes are confined, in a cgroup of its own
+            assert f"/einsora-workloads/{workload_id}" in Path(f"/proc/{pid}/cgroup").read_text()
+        seen[workload_id] = (pid, told)
+    assert len({told for _, told in seen.values()}) == 3
+
+    solo.stop()
+    solo.start()
+    for workload_id, (pid, told) in seen.items():
+        assert _notebook_pid(solo.data_dir, workload_id) == pid  # adopted, not restarted
+        assert _environ(pid)["CUDA_VISIBLE_DEVICES"] == told
+        if os.geteuid() == 0:
+            assert f"/einsora-workloads/{workload_id}" in Path(f"/proc/{pid}/cgroup").read_text()
+        removed = solo.cli("rm", workload_id, "--wait")
+        assert removed.returncode == 0, removed.stderr
+    solo.stop()
+
+
 def test_launch_wait_fails_with_the_reason_and_park_resume_rm_wait(solo: Solo) -> None:
     solo.start()
     broken = json.dumps({"runtime": "command", "command": ["python3", "-c", "exit(3)"]})

@@ -79,7 +79,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** The GPU and CPU classes, with the regions that offer each now and how many more the machines you may use could take */
+        /** The GPU and CPU classes, with the regions where machines you may use offer each now (within what their owners lend) and how many more they could take */
         get: operations["list_classes"];
         put?: never;
         post?: never;
@@ -923,10 +923,16 @@ export interface components {
         };
         /**
          * ClassOut
-         * @description A class a workload can name, and the regions whose machines offer it now.
+         * @description A class a workload can name, and the regions where machines you may use offer it now.
          */
         ClassOut: {
             accelerator: components["schemas"]["Accelerator"];
+            /**
+             * Automatic
+             * @description derived from a machine's devices that no class of the catalog names (a new GPU model, or a MIG profile), not configured; listed only where offered
+             * @default false
+             */
+            automatic?: boolean;
             /** Cpus */
             cpus: number;
             /** Description */
@@ -938,11 +944,19 @@ export interface components {
             free?: number | null;
             /** Memory Gib */
             memory_gib: number;
+            /**
+             * Mig Profile
+             * @description a class of MIG slices of this profile (e.g. 1g.18gb) of `model` GPUs; null: whole GPUs (or a CPU class)
+             */
+            mig_profile?: string | null;
             /** Model */
             model: string | null;
             /** Name */
             name: string;
-            /** Regions */
+            /**
+             * Regions
+             * @description the regions where machines you may use offer it now, counting only what their owners lend
+             */
             regions: string[];
         };
         /** ClassPage */
@@ -951,6 +965,29 @@ export interface components {
             items: components["schemas"]["ClassOut"][];
             /** Next Cursor */
             next_cursor?: string | null;
+        };
+        /**
+         * Confinement
+         * @description How a workload is held to the devices it was given, beyond what it is told.
+         * @enum {string}
+         */
+        Confinement: "cgroup2" | "cgroup1" | "container" | "vm" | "sim";
+        /**
+         * DeviceConfinement
+         * @description Whether, and how, the `process` driver confines workloads' device nodes on a machine.
+         */
+        DeviceConfinement: {
+            method?: components["schemas"]["Confinement"] | null;
+            /**
+             * Note
+             * @default
+             */
+            note?: string;
+            /**
+             * V
+             * @default 1
+             */
+            v?: number;
         };
         /**
          * DriverReport
@@ -1262,9 +1299,14 @@ export interface components {
         };
         /**
          * Gpu
-         * @description One GPU (or MIG device) in an inventory.
+         * @description One GPU, or one MIG slice of a GPU, in an inventory.
+         *
+         *     A GPU in MIG mode is listed whole (`mig_mode`, never given out as it is) and each of its
+         *     slices beside it (`mig`, with its profile and its parent's uuid), each a device of its own.
          */
         Gpu: {
+            /** Device Numbers */
+            device_numbers?: string[];
             /** @default ok */
             health?: components["schemas"]["GpuHealth"];
             /** Index */
@@ -1278,8 +1320,17 @@ export interface components {
              * @default false
              */
             mig?: boolean;
+            /**
+             * Mig Mode
+             * @default false
+             */
+            mig_mode?: boolean;
+            /** Mig Profile */
+            mig_profile?: string | null;
             /** Model */
             model: string;
+            /** Parent Uuid */
+            parent_uuid?: string | null;
             /**
              * Passthrough
              * @default false
@@ -1350,6 +1401,7 @@ export interface components {
             at?: string;
             /** Cpus */
             cpus: number;
+            device_confinement?: components["schemas"]["DeviceConfinement"] | null;
             /** Drivers */
             drivers?: string[];
             /** Engines */

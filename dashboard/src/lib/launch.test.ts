@@ -84,4 +84,14 @@ describe("a class as the picker shows it", () => {
       classLabel(cls({ name: "l40s-48gb", accelerator: "nvidia", model: "NVIDIA L40S", memory_gib: 48, free: 0 })),
     ).toBe("l40s-48gb · NVIDIA L40S, 48 GiB · 0 free now");
   });
+  it("names a MIG slice and an automatic class as such", () => {
+    const slice = { name: "h200-1g.18gb", accelerator: "nvidia" as const, model: "H200", memory_gib: 16 };
+    expect(classLabel(cls({ ...slice, mig_profile: "1g.18gb", automatic: true, free: 2 }))).toBe(
+      "h200-1g.18gb · MIG 1g.18gb slice of H200 · 2 free now",
+    );
+    const nvl = { name: "h200-nvl-140gb", accelerator: "nvidia" as const, model: "H200 NVL" };
+    expect(classLabel(cls({ ...nvl, memory_gib: 140, automatic: true, free: 1 }))).toBe(
+      "h200-nvl-140gb · H200 NVL, 140 GiB (automatic) · 1 free now",
+    );
+  });
 });

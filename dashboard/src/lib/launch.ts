@@ -100,7 +100,9 @@ export function classLabel(c: MachineClass): string {
   const what =
     c.accelerator === "cpu"
       ? `${trim(c.cpus)} CPU${c.cpus === 1 ? "" : "s"}, ${mib(c.memory_gib * 1024)}`
-      : `${c.model ?? c.accelerator}, ${mib(c.memory_gib * 1024)}`;
+      : c.mig_profile
+        ? `MIG ${c.mig_profile} slice of ${c.model ?? c.accelerator}`
+        : `${c.model ?? c.accelerator}, ${mib(c.memory_gib * 1024)}${c.automatic ? " (automatic)" : ""}`;
   const free =
     c.regions.length === 0
       ? "none offered now"

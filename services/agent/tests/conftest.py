@@ -44,10 +44,13 @@ async def start_agent(bus: Bus, data_dir: Path) -> AsyncIterator[StartAgent]:
     started: list[AgentService] = []
 
     async def start(**options: Any) -> AgentService:
+        """`settings`: overrides of the agent's Settings (e.g. `gpu_inventory`)."""
         options.setdefault("heartbeat_s", 1.0)
         options.setdefault("poll_s", 0.2)
         options.setdefault("grace_s", 3.0)
-        service = AgentService(settings_for(bus, options.pop("data_dir", data_dir)), **options)
+        settings = settings_for(bus, options.pop("data_dir", data_dir))
+        settings = settings.model_copy(update=options.pop("settings", {}))
+        service = AgentService(settings, **options)
         await service.start()
         started.append(service)
         return service

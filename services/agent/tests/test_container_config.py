@@ -72,3 +72,21 @@ def test_a_notebook_in_kata_reads_its_token_from_a_read_only_file() -> None:
 def test_a_kata_runtime_is_found_by_name() -> None:
     assert kata_runtime(["io.containerd.runc.v2", "runc"]) is None
     assert kata_runtime(["runc", "io.containerd.kata.v2"]) == "io.containerd.kata.v2"
+
+
+def test_a_container_booked_no_gpu_gets_none_whatever_its_spec_says() -> None:
+    # A CUDA image says NVIDIA_VISIBLE_DEVICES=all, and so may a spec: on an engine whose
+    # default runtime is NVIDIA's, that would be every GPU of the machine. The agent's word wins.
+    plan = config.ContainerPlan(
+        workload_id="w-cpu",
+        machine_id="m-1",
+        driver="docker",
+        image="nvidia/cuda:12.4.1-base-ubuntu22.04",
+        port=8000,
+        command=["python3", "-m", "http.server", "$PORT"],
+        env={"NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VISIBLE_DEVICES": "0"},
+    )
+    kwargs = config.create_kwargs(plan)
+    assert "device_requests" not in kwargs
+    assert kwargs["environment"]["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert kwargs["environment"]["CUDA_VISIBLE_DEVICES"] == ""

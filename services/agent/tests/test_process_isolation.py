@@ -14,9 +14,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import stat
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +22,7 @@ import psutil
 import pytest
 
 from einsora.agent.drivers import ProcessDriver, isolation
-from einsora.agent.testing import ControlPlane, Processes, StartAgent
+from einsora.agent.testing import ControlPlane, Processes, StartAgent, open_directory
 from einsora.agent.workload_python import WorkloadPython
 from einsora.common.schemas import DesiredWorkload, ObservedPhase, Target, WorkloadKind
 
@@ -72,10 +70,8 @@ running = ObservedPhase.running
 @pytest.fixture
 def open_parent() -> Iterator[Path]:
     """A directory anyone may enter (like /var/lib), to hold a data dir; deleted after."""
-    path = Path(tempfile.mkdtemp(prefix="einsora-isolation-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with open_directory("einsora-isolation-") as path:
+        yield path
 
 
 def private_data_dir(parent: Path) -> Path:

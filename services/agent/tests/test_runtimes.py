@@ -110,7 +110,8 @@ def test_llamacpp_serves_the_gguf_under_the_endpoint_name() -> None:
         "2",
     ]
     assert plan.readiness_path == "/v1/models"
-    assert plan.env == {"CUDA_VISIBLE_DEVICES": ""}  # no GPU given, none seen
+    # No GPU given, none seen (and NVIDIA's toolkit gives what it launches none).
+    assert plan.env == {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void"}
     sized = plans.llamacpp(
         spec.model_copy(update={"context_length": 8192, "args": []}),
         model=MODEL,
@@ -120,7 +121,7 @@ def test_llamacpp_serves_the_gguf_under_the_endpoint_name() -> None:
         gpus=GPUS[:1],
     )
     assert sized.argv[-2:] == ["--n_ctx", "8192"]
-    assert sized.env == {"CUDA_VISIBLE_DEVICES": "GPU-1111"}
+    assert sized.env == {"CUDA_VISIBLE_DEVICES": "GPU-1111", "NVIDIA_VISIBLE_DEVICES": "GPU-1111"}
 
 
 def test_vllm_runs_on_the_workloads_gpus_only() -> None:
@@ -139,7 +140,10 @@ def test_vllm_runs_on_the_workloads_gpus_only() -> None:
         "--dtype",
         "half",
     ]
-    assert plan.env == {"CUDA_VISIBLE_DEVICES": "GPU-1111,GPU-2222"}
+    assert plan.env == {
+        "CUDA_VISIBLE_DEVICES": "GPU-1111,GPU-2222",
+        "NVIDIA_VISIBLE_DEVICES": "GPU-1111,GPU-2222",
+    }
     assert plan.readiness_path == "/health"
     sized = plans.vllm(
         spec.model_copy(update={"context_length": 4096}),

@@ -102,7 +102,7 @@ def test_demands_of_gpu_and_cpu_classes() -> None:
     assert (cpu.gpu, cpu.cpus, cpu.memory_mib, cpu.pool) == (False, 6, 12288, CPU_POOL)
 
 
-def test_quarantined_and_unknown_devices_are_not_offered() -> None:
+def test_quarantined_devices_are_not_offered_and_unknown_ones_are_automatic_classes() -> None:
     inventory = _inventory("m-1", gpus=3).model_copy(
         update={
             "gpus": [
@@ -114,11 +114,20 @@ def test_quarantined_and_unknown_devices_are_not_offered() -> None:
                     memory_mib=46068,
                     health=GpuHealth.quarantined,
                 ),
-                Gpu(index=2, uuid="c", model="Some Future GPU", memory_mib=1),
+                Gpu(index=2, uuid="c", model="Some Future GPU", memory_mib=96 * 1024),
             ]
         }
     )
-    assert gpus_by_class(inventory, CATALOG) == {"l40s-48gb": ["a"]}
+    catalog = Catalog.load()
+    assert gpus_by_class(inventory, catalog) == {
+        "l40s-48gb": ["a"],
+        "some-future-gpu-96gb": ["c"],  # offered the day it is plugged in
+    }
+    automatic = catalog.get("some-future-gpu-96gb")
+    assert automatic is not None
+    assert automatic.automatic
+    # An operator who wants only the classes they configured turns automatic classes off.
+    assert gpus_by_class(inventory, Catalog(automatic=False)) == {"l40s-48gb": ["a"]}
 
 
 def test_best_fit_takes_the_fullest_machine_that_fits() -> None:

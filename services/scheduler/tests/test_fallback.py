@@ -164,7 +164,8 @@ def test_a_class_step_places_on_the_next_class_and_says_why() -> None:
         (
             "transition",
             "scheduled",
-            "placed on m-a as a100-80gb, fallback step 1 of 1 (best fit: 2 of 2 a100-80gb free)",
+            "placed on m-a as a100-80gb, fallback step 1 of 1 (best fit: 2 of 2 a100-80gb free)"
+            "; given m-a-g0",
         ),
     ]
     # Accounting meters the class it was placed as.

@@ -25,7 +25,10 @@ async def test_a_launch_is_placed_then_follows_the_agent_to_running(
     assert scheduled.placement is not None
     assert scheduled.placement.machine == "m-small"
     assert scheduled.placement.placed_class == "l40s-48gb"
-    assert scheduled.reason == "placed on m-small (best fit: 2 of 2 l40s-48gb free)"
+    # The note names the device it was given, as `nvidia-smi -L` lists it.
+    assert scheduled.reason == (
+        "placed on m-small (best fit: 2 of 2 l40s-48gb free); given GPU-m-small-0"
+    )
     assert scheduled.request_id == "req-launch-1"
     assert sim.event_headers[scheduled.event_id][names.REQUEST_ID_HEADER] == "req-launch-1"
     assert sim.event_headers[scheduled.event_id][names.MSG_ID_HEADER] == scheduled.event_id

@@ -43,6 +43,18 @@ STOP_S = 30.0
 """How long one service may take to stop before it is left behind."""
 
 
+def check_files(settings: Settings) -> None:
+    """Refuse to start when the catalog file or the GPU inventory file named is not valid,
+    before anything listens (a ConfigError naming the file and what is wrong)."""
+    from einsora.agent import nvml
+    from einsora.common.catalog import Catalog
+
+    if settings.catalog is not None:
+        Catalog.load(settings.catalog)
+    if settings.gpu_inventory is not None:
+        nvml.load(settings.gpu_inventory)
+
+
 def check_ports(settings: Settings) -> None:
     """Refuse to start when a port is taken, naming the port and the flag that changes it."""
     wanted: list[tuple[int, str, str]] = [
@@ -275,4 +287,4 @@ def _awaiting(task: asyncio.Future[None]) -> traceback.StackSummary:
     return traceback.StackSummary.extract(iter(frames))
 
 
-__all__: Sequence[str] = ("ControlPlane", "check_ports")
+__all__: Sequence[str] = ("ControlPlane", "check_files", "check_ports")

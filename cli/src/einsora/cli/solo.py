@@ -49,12 +49,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "listen on HOST (e.g. 0.0.0.0), agents authenticate with their own credentials "
         "(EINSORA_NATS_LISTEN)",
     )
+    parser.add_argument(
+        "--catalog",
+        type=Path,
+        metavar="FILE",
+        help="the operator's catalog file: extra, replaced and hidden classes (EINSORA_CATALOG)",
+    )
+    parser.add_argument(
+        "--gpu-inventory",
+        type=Path,
+        metavar="FILE",
+        help="this machine's GPUs from an NVML snapshot instead of NVML, as `einsora agent "
+        "gpus --json` prints one (EINSORA_GPU_INVENTORY)",
+    )
     logs.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from einsora.cli.controlplane import check_ports
+    from einsora.cli.controlplane import check_files, check_ports
     from einsora.common import runloop
     from einsora.common.settings import settings_from
 
@@ -65,10 +78,13 @@ def run(args: argparse.Namespace) -> int:
         "gateway_port": args.gateway_port,
         "nats_port": args.nats_port,
         "nats_listen": args.listen,
+        "catalog": args.catalog,
+        "gpu_inventory": args.gpu_inventory,
     }
     try:
         settings = settings_from(flags)
         fmt = logs.configure_from(settings, args.log_level, args.log_format)
+        check_files(settings)
         check_ports(settings)
         from einsora.common import telemetry
 

@@ -46,6 +46,21 @@ class Settings(BaseSettings):
         "Solo sets it to <data_dir>/bus and makes the seeds (ADR-0009).",
     )
     region: str = "local"
+    gpu_inventory: Path | None = Field(
+        default=None,
+        description="The agent reads this machine's NVIDIA GPUs from this NVML snapshot file "
+        "(JSON, as `einsora agent gpus --json` prints; a recording or hand-written) instead of "
+        "NVML: tests, and seeing what Einsora makes of a machine. Unset: NVML",
+    )
+    catalog: Path | None = Field(
+        default=None,
+        description="The operator's catalog file (JSON): classes added to the built-in ones or "
+        "replacing them by name, `hide` (classes never offered) and `automatic` (false: a GPU "
+        "no class names is not offered). Every service reads this one setting: the api "
+        "(what /v1/classes offers), the scheduler (where it places), Solo and the dashboard. "
+        "Unset: the built-in classes, and an automatic class for each GPU model or MIG "
+        "profile they do not name",
+    )
     machine_owner_tenant: str | None = Field(
         default=None,
         description="The tenant that owns this cell's machines until they are enrolled with "

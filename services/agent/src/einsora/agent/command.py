@@ -60,6 +60,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--data-dir", type=Path, metavar="DIR", help="where workloads and records live"
     )
     parser.add_argument(
+        "--gpu-inventory",
+        type=Path,
+        metavar="FILE",
+        help="read this machine's GPUs from an NVML snapshot (as `einsora agent gpus --json` "
+        "prints) instead of NVML (EINSORA_GPU_INVENTORY)",
+    )
+    parser.add_argument(
         "--heartbeat",
         type=float,
         default=10.0,
@@ -126,6 +133,36 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     commands = parser.add_subparsers(dest="agent_command", metavar="COMMAND")
     _register_join(commands)
     _register_reclaim(commands)
+    _register_gpus(commands)
+
+
+def _register_gpus(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    gpus = subparsers.add_parser(
+        "gpus",
+        help="what the agent sees of this machine's GPUs: devices, MIG slices, classes",
+        description="List this machine's NVIDIA GPUs and MIG slices as the agent reports them, "
+        "with the class each serves and how workloads' device nodes are confined. --json "
+        "prints the NVML snapshot itself, the format --gpu-inventory reads.",
+    )
+    gpus.add_argument(
+        "--gpu-inventory",
+        type=Path,
+        metavar="FILE",
+        help="an NVML snapshot to show instead of this machine's (EINSORA_GPU_INVENTORY)",
+    )
+    gpus.add_argument(
+        "--catalog", type=Path, metavar="FILE", help="the operator's catalog file (EINSORA_CATALOG)"
+    )
+    gpus.add_argument("--json", action="store_true", help="print the NVML snapshot as JSON")
+    gpus.set_defaults(func=run_gpus)
+
+
+def run_gpus(args: argparse.Namespace) -> int:
+    from einsora.agent import gpus
+    from einsora.common.settings import settings_from
+
+    settings = settings_from({"gpu_inventory": args.gpu_inventory, "catalog": args.catalog})
+    return gpus.show(settings, as_json=args.json)
 
 
 def _register_reclaim(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -248,7 +285,12 @@ def run(args: argparse.Namespace) -> int:
     from einsora.common.settings import settings_from
 
     settings = settings_from(
-        {"nats_url": args.nats, "region": args.region, "data_dir": args.data_dir}
+        {
+            "nats_url": args.nats,
+            "region": args.region,
+            "data_dir": args.data_dir,
+            "gpu_inventory": args.gpu_inventory,
+        }
     )
     logs.configure_from(settings, args.log_level, args.log_format)
     from einsora.common import telemetry

@@ -1,8 +1,9 @@
 """What this machine has: OS, architecture, CPUs, memory, GPUs, and the drivers the agent runs.
 
-GPUs come from NVML where present, each with its PCI address, IOMMU group and whether a VM can
-be given it (`hostvirt`); on a Mac with Apple Silicon, the chip and its unified memory
-come from `sysctl` and are reported as one GPU of model `Apple Silicon` (the catalog's
+GPUs come from NVML where present (or from an NVML snapshot file: `nvml.load`), each with its PCI
+address, IOMMU group and whether a VM can be given it (`hostvirt`), its device nodes, and for a GPU
+in MIG mode its slices (`nvml`); on a Mac with Apple Silicon, the chip and its unified memory come
+from `sysctl` and are reported as one GPU of model `Apple Silicon` (the catalog's
 `apple-silicon-<n>gb` classes match it). The endpoint runtimes it can serve come from
 `runtimes.available`. The inventory reports; it never decides the machine's owner, region or
 sharing.
@@ -22,7 +23,7 @@ import psutil
 from einsora.agent import hostvirt
 from einsora.agent.nvml import nvidia_gpus
 from einsora.agent.runtimes.available import available_runtimes
-from einsora.common.schemas import DriverReport, Gpu, Inventory
+from einsora.common.schemas import DeviceConfinement, DriverReport, Gpu, Inventory
 
 log = logging.getLogger("einsora.agent")
 
@@ -87,12 +88,17 @@ def collect(
     drivers: list[str],
     engines: list[DriverReport] | None = None,
     sysfs: Path = Path("/sys"),
+    *,
+    gpu_file: Path | None = None,
+    confinement: DeviceConfinement | None = None,
 ) -> Inventory:
     """This machine's inventory now (blocking: NVML and sysctl may take a moment). `drivers`
-    are the agent's own; each available engine's driver (`engines`) is listed after them."""
+    are the agent's own; each available engine's driver (`engines`) is listed after them.
+    `gpu_file`: an NVML snapshot to read the GPUs from instead of NVML; `confinement`: what the
+    process driver found it can do to confine device nodes."""
     engines = engines or []
     drivers = [*drivers, *(e.name for e in engines if e.available and e.name not in drivers)]
-    gpus = with_passthrough(nvidia_gpus(), sysfs)
+    gpus = with_passthrough(nvidia_gpus(gpu_file), sysfs)
     runtimes = available_runtimes(drivers, nvidia=len(gpus))
     apple = apple_silicon()
     if apple is not None:
@@ -118,6 +124,7 @@ def collect(
         drivers=drivers,
         engines=engines,
         runtimes=runtimes,
+        device_confinement=confinement,
         agent_version=agent_version(),
     )
 

@@ -71,7 +71,7 @@ from einsora.common.bus.identities import Identity
 from einsora.common.errors import BusUnavailable, ConfigError, EinsoraError
 from einsora.common.metrics import MetricsServer, serve
 from einsora.common.runloop import raise_if_cancelled
-from einsora.common.schemas import Inventory, utcnow
+from einsora.common.schemas import Gpu, Inventory, utcnow
 from einsora.common.settings import Settings
 
 if TYPE_CHECKING:
@@ -166,10 +166,10 @@ class AgentService:
                 SimOptions(start_delay_s=sim_start_delay_s, fail_rate=sim_fail_rate)
             )
         else:
-            options = ProcessOptions(poll_s=poll_s)
+            options = ProcessOptions(poll_s=poll_s, gpus=self._gpus)
             python = python or _workload_python(options)
             if python is not None:
-                options = ProcessOptions(python=python, poll_s=poll_s)
+                options = ProcessOptions(python=python, poll_s=poll_s, gpus=self._gpus)
             self.driver = ProcessDriver(options)
         # Engines (libvirt, Docker) back drivers of their own beside `process`; sim has none.
         self.engines = None if driver == "sim" else (engines or EngineOptions())
@@ -369,6 +369,11 @@ class AgentService:
             found.append(DockerDriver(docker_options, name=engines.DOCKER_KATA, runtime="kata"))
         return found
 
+    def _gpus(self) -> list[Gpu]:
+        """This machine's GPUs as its inventory lists them (the process driver's devices)."""
+        machine = self.machines.get(self.machine_ids[0])
+        return [] if machine is None else list(machine.inventory.gpus)
+
     def _passthrough_addresses(self) -> dict[str, str]:
         """The PCI address of each GPU a VM may be given whole, by uuid (its inventory)."""
         machine = self.machines.get(self.machine_ids[0])
@@ -386,8 +391,17 @@ class AgentService:
         reports = []
         if self.engines is not None:
             reports = await asyncio.to_thread(engines.probe, self.engines)
+        confinement = (
+            self.driver.confiner.report if isinstance(self.driver, ProcessDriver) else None
+        )
         return await asyncio.to_thread(
-            inventory.collect, machine_id, self.region, [self.driver_name], reports
+            inventory.collect,
+            machine_id,
+            self.region,
+            [self.driver_name],
+            reports,
+            gpu_file=self.settings.gpu_inventory,
+            confinement=confinement,
         )
 
     def _workloads_dir(self) -> Path | None:

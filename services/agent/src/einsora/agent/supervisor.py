@@ -221,6 +221,7 @@ class WorkloadSupervisor:
             pid=None if handle is None else handle.pid,
             started_at=None if handle is None else handle.started_at,
             endpoint=None if handle is None else handle.endpoint,
+            devices=None if handle is None else handle.devices,
         )
 
     def _set(self, phase: ObservedPhase, reason: str = "") -> None:

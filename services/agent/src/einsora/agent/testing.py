@@ -10,10 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import psutil
@@ -27,6 +30,7 @@ from einsora.common.bus import names
 from einsora.common.schemas import (
     DesiredState,
     DesiredWorkload,
+    Gpu,
     Inventory,
     ObservedState,
     ObservedWorkload,
@@ -35,6 +39,72 @@ from einsora.common.schemas import (
 )
 
 WAIT_S = 20.0
+
+
+@contextlib.contextmanager
+def open_directory(prefix: str) -> Iterator[Path]:
+    """A temporary directory anyone may enter (as /var/lib is, and as a workload's own user
+    must), deleted after."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+DEVICE_REPORT = "devices.json"
+DEVICE_REPORTER = r"""
+import errno, http.server, json, os
+seen = {"env": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")},
+        "uid": os.getuid(), "nodes": {}}
+nodes = os.environ.get("NODES")
+for name in sorted(os.listdir(nodes)) if nodes else []:
+    try:
+        os.close(os.open(os.path.join(nodes, name), os.O_RDONLY))
+        seen["nodes"][name] = "opened"
+    except OSError as exc:
+        seen["nodes"][name] = errno.errorcode.get(exc.errno, str(exc.errno))
+with open("devices.tmp", "w") as f:
+    json.dump(seen, f)
+os.rename("devices.tmp", "devices.json")
+address = ("127.0.0.1", int(os.environ["PORT"]))
+http.server.HTTPServer(address, http.server.BaseHTTPRequestHandler).serve_forever()
+"""
+"""An endpoint's program that writes what it sees of GPUs into `devices.json` in its home, then
+serves (`readiness: tcp`): the variables that tell it its GPUs, its uid, and for each device
+node in `$NODES` whether it could open it: `ENXIO` (let through, and no driver behind it: the
+node is a stand-in), `EPERM` (its device cgroup refused it) or `opened`."""
+ALLOWED, DENIED = "ENXIO", "EPERM"
+
+
+def device_nodes(directory: str | os.PathLike[str], gpus: list[Gpu]) -> dict[str, str]:
+    """Stand-ins for the device nodes of `gpus` (`nvidia<N>`, `nvidia-cap<N>`), made in
+    `directory` with their real numbers and open to all (root only: mknod). No driver answers
+    them, so a process that may open one gets ENXIO, and one its cgroup denies gets EPERM.
+    Returns each node's name by its `major:minor`."""
+    names_by_number: dict[str, str] = {}
+    for gpu in gpus:
+        for number in gpu.device_numbers:
+            major, minor = (int(part) for part in number.split(":"))
+            name = f"nvidia{minor}" if major == 195 else f"nvidia-cap{minor}"
+            path = os.path.join(directory, name)
+            if not os.path.exists(path):
+                os.mknod(path, 0o20666, os.makedev(major, minor))
+                os.chmod(path, 0o666)  # noqa: S103 (as the real nodes are: the cgroup decides)
+            names_by_number[number] = name
+    return names_by_number
+
+
+def device_verdicts(
+    gpus: list[Gpu], booked: list[str], names_by_number: dict[str, str]
+) -> dict[str, str]:
+    """What a workload booked `booked` must see of each node when its device nodes are
+    confined: its own GPUs' let through, every other GPU's refused."""
+    allowed = {n for g in gpus if g.uuid in booked for n in g.device_numbers}
+    return {
+        name: ALLOWED if number in allowed else DENIED for number, name in names_by_number.items()
+    }
 
 
 class StartAgent(Protocol):

@@ -33,7 +33,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--host", help="address to listen on (EINSORA_BIND_HOST)")
     parser.add_argument("--data-dir", type=Path, help="data directory (EINSORA_DATA_DIR)")
     parser.add_argument("--region", help="default region of new workloads (EINSORA_REGION)")
-    parser.add_argument("--catalog", type=Path, help="a JSON file of extra classes")
+    parser.add_argument(
+        "--catalog",
+        type=Path,
+        metavar="FILE",
+        help="the operator's catalog file: extra, replaced and hidden classes (EINSORA_CATALOG)",
+    )
     logs.add_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -51,13 +56,14 @@ def run(args: argparse.Namespace) -> int:
             "bind_host": args.host,
             "data_dir": args.data_dir,
             "region": args.region,
+            "catalog": args.catalog,
         }
     )
     logs.configure_from(settings, args.log_level, args.log_format)
     from einsora.common import telemetry
 
     telemetry.configure("einsora-api")
-    catalog = Catalog.load(args.catalog)
+    catalog = Catalog.load(settings.catalog)
     return runloop.run(_serve(settings, catalog))
 
 

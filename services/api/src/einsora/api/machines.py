@@ -1,11 +1,13 @@
 """What the api knows of machines: each one's enrolment, inventory and observed state, from KV.
 
-The api is a trusted client of the bus, so it mirrors the `enrolments` bucket (which it writes
-from its store) and the `machines` bucket's inventory and observed keys (desired values are the
+The api is a trusted client of the bus, so it mirrors the `enrolments` bucket (which it writes from
+its store) and the `machines` bucket's inventory and observed keys (desired values are the
 scheduler's and can be large) with `KvMirror`s, and keeps the latest of each in memory for
-`/v1/machines`, `/v1/classes` and `/v1/regions`. A value that does not parse is logged and
-skipped. The mirrors re-read their buckets after a reconnect and on a period, so a restarted
-server's lost consumer never leaves the view stale for ever.
+`/v1/machines`, `/v1/classes` and `/v1/regions`. Each inventory teaches the catalog the classes
+derived from its devices (automatic and MIG classes), so a launch may name them as soon as a machine
+offers them. A value that does not parse is logged and skipped. The mirrors re-read their buckets
+after a reconnect and on a period, so a restarted server's lost consumer never leaves the view stale
+for ever.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from nats.js import JetStreamContext
 from pydantic import ValidationError
 
 from einsora.common.bus import KvMirror, names
+from einsora.common.catalog import Catalog
 from einsora.common.schemas import Enrolment, Inventory, ObservedPhase, ObservedState
 
 log = logging.getLogger("einsora.api.machines")
@@ -62,7 +65,9 @@ class MachineRecord:
 class MachinesView:
     """An in-memory view of the `machines` bucket, kept current by a KV mirror."""
 
-    def __init__(self) -> None:
+    def __init__(self, catalog: Catalog | None = None) -> None:
+        self.catalog = catalog
+        """Learns the classes derived from each inventory seen (None: no catalog to teach)."""
         self._records: dict[str, MachineRecord] = {}
         self._mirror: KvMirror | None = None
         self._enrolments: KvMirror | None = None
@@ -124,6 +129,8 @@ class MachinesView:
         try:
             if kind == "inventory":
                 record.inventory = Inventory.from_bytes(value) if value else None
+                if record.inventory is not None and self.catalog is not None:
+                    self.catalog.learn(record.inventory)
             else:
                 record.observed = ObservedState.from_bytes(value) if value else None
         except ValidationError as exc:

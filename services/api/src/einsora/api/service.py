@@ -88,7 +88,7 @@ class ApiService:
         activity_purge_period_s: float = PURGE_PERIOD_S,
     ) -> None:
         self.settings = settings
-        self.catalog = catalog or Catalog.load()
+        self.catalog = catalog or Catalog.load(settings.catalog)
         self.clock = clock
         self._redeemer: TicketRedeemer | None = None
         self._revocations: Revocations | None = None
@@ -123,7 +123,7 @@ class ApiService:
         """Purges the activity log's entries past their retention (once started)."""
         self.bus_auth: MachineBusAuth | None = None
         """The auth callout for machines' credentials, where the server runs one."""
-        self._machines = MachinesView()
+        self._machines = MachinesView(self.catalog)
         self._regions = RegionsView()
         self.streams: EventStreams | None = None
         """The open event streams (SSE) of this replica (once started)."""

@@ -145,6 +145,7 @@ def place(
     choice = book.driver_for(machine, workload)
     if choice is not None and choice.driver != drivers.SIM:  # sim stands in: nothing to say
         reason = f"{reason}; {drivers.note(choice)}"
+    reason = _with_devices(reason, machine, grant, None if choice is None else choice.driver)
     home = book.row_of(workload)
     if home is not None and home[0] is not machine:
         old_machine, old_row = home
@@ -169,6 +170,22 @@ def place(
         reason,
         Placement(region=book.region, machine=machine.machine_id, placed_class=demand.class_name),
     )
+
+
+def _with_devices(reason: str, machine: Machine, grant: Grant, driver: str | None) -> str:
+    """The placement note, naming the devices booked (a MIG slice as one) and, for a process
+    on a machine with GPUs whose device nodes are not confined, that only its environment
+    holds it to its own."""
+    if grant.gpus:
+        by_uuid = {g.uuid: g for g in machine.inventory.gpus}
+        given = [by_uuid[u] for u in grant.gpus if u in by_uuid]
+        reason = f"{reason}; {reasons.devices_given(given)}"
+    if driver == drivers.PROCESS and machine.inventory.gpus:
+        confinement = machine.inventory.device_confinement
+        if confinement is None or confinement.method is None:
+            note = "" if confinement is None else confinement.note
+            reason = f"{reason}; {reasons.devices_unconfined(note, len(grant.gpus))}"
+    return reason
 
 
 def _placed_reason(book: Book, workload: Workload, machine: Machine, demand: Demand) -> str:

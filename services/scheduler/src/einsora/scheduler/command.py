@@ -33,6 +33,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--data-dir", type=Path, help="EINSORA_DATA_DIR")
     parser.add_argument(
+        "--catalog",
+        type=Path,
+        metavar="FILE",
+        help="the operator's catalog file, the api's own (EINSORA_CATALOG): the classes it places",
+    )
+    parser.add_argument(
         "--suspect-after",
         type=float,
         default=30.0,
@@ -77,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
             "region": args.region,
             "database_url": args.database_url,
             "data_dir": args.data_dir,
+            "catalog": args.catalog,
         }
     )
     logs.configure_from(settings, args.log_level, args.log_format)

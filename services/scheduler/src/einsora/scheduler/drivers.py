@@ -24,10 +24,11 @@ from einsora.common.isolation import DRIVER_ISOLATION, Isolation
 from einsora.common.schemas import Inventory, Virtualization, WorkloadKind
 
 SIM = "sim"
+PROCESS = "process"
 
 _VM = ("libvirt",)
 _CONTAINER = ("docker", "docker-kata")
-_PROCESS = ("process",)
+_PROCESS = (PROCESS,)
 
 
 class _HasSpec(Protocol):
@@ -70,7 +71,8 @@ def _needs(kind: WorkloadKind, spec: Mapping[str, Any]) -> tuple[str, tuple[str,
         return "a vm", fits
     if fits is _CONTAINER:
         return "a container image", fits
-    return f"a {kind.value} without a container image", fits
+    article = "an" if kind.value[0] in "aeiou" else "a"
+    return f"{article} {kind.value} without a container image", fits
 
 
 def _asked(spec: Mapping[str, Any]) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from einsora.common.schemas import Gpu
 from einsora.scheduler.capacity import Demand, holds_emptied
 from einsora.scheduler.model import Machine
 
@@ -29,6 +30,23 @@ def _what(demand: Demand) -> str:
 
 def placed(machine_id: str, free_before: str, total: str) -> str:
     return f"placed on {machine_id} (best fit: {free_before} of {total} free)"
+
+
+def devices_given(gpus: list[Gpu]) -> str:
+    """Which devices a placement books, named so a person can find them (`nvidia-smi -L`)."""
+    named = [
+        f"MIG {g.mig_profile} slice {g.uuid} of {g.parent_uuid}" if g.mig else g.uuid for g in gpus
+    ]
+    return "given " + ", ".join(named)
+
+
+def devices_unconfined(note: str, gpus: int) -> str:
+    """A process workload on a machine that cannot confine device nodes: said, not hidden."""
+    held = f"its {gpus} GPU{'s' if gpus != 1 else ''}" if gpus else "no GPU"
+    return (
+        f"only CUDA_VISIBLE_DEVICES keeps it to {held} on this machine, whose device nodes are "
+        f"not confined ({note or 'its agent does not say whether they can be'})"
+    )
 
 
 def placed_on_disk_machine(machine_id: str) -> str:

@@ -104,7 +104,7 @@ class SchedulerService:
             )
         self.settings = settings
         self.region = settings.region
-        self.catalog = catalog or Catalog.load()
+        self.catalog = catalog or Catalog.load(settings.catalog)
         self.timing = Timing(suspect_after_s, lost_after_s, tick_s)
         self._audit_s = audit_s
         self._batch = batch

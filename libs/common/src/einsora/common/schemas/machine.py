@@ -92,6 +92,30 @@ class Endpoint(Message):
     console's relay) and, when it serves one, `http` (then also `port`)."""
 
 
+class Confinement(StrEnum):
+    """How a workload is held to the devices it was given, beyond what it is told."""
+
+    cgroup2 = "cgroup2"
+    """A cgroup v2 device program lets its processes open only its own GPUs' device nodes."""
+    cgroup1 = "cgroup1"
+    """The cgroup v1 device controller denies its processes every other GPU's device nodes."""
+    container = "container"
+    """A container given exactly its devices (NVIDIA's container toolkit)."""
+    vm = "vm"
+    """A VM given exactly its devices (VFIO passthrough)."""
+    sim = "sim"
+    """Nothing runs (the sim driver): what a real driver would have given it."""
+
+
+class DeviceAccess(Message):
+    """What a driver gave a workload of its machine's GPUs, as the workload sees them."""
+
+    gpus: list[str] = Field(default_factory=list)
+    """The GPU (or MIG slice) uuids it sees (its `CUDA_VISIBLE_DEVICES`); []: none at all."""
+    confinement: Confinement | None = None
+    """How it is held to them; None: by its environment only (it could open other devices)."""
+
+
 class ObservedWorkload(Message):
     """One workload as the agent observes it."""
 
@@ -101,6 +125,8 @@ class ObservedWorkload(Message):
     pid: int | None = None
     started_at: datetime | None = None
     endpoint: Endpoint | None = None
+    devices: DeviceAccess | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The devices its driver gave it, while it has a process (None: none, or not said)."""
 
 
 class ObservedState(Message):
@@ -120,13 +146,29 @@ class GpuHealth(StrEnum):
 
 
 class Gpu(Message):
-    """One GPU (or MIG device) in an inventory."""
+    """One GPU, or one MIG slice of a GPU, in an inventory.
+
+    A GPU in MIG mode is listed whole (`mig_mode`, never given out as it is) and each of its
+    slices beside it (`mig`, with its profile and its parent's uuid), each a device of its own.
+    """
 
     index: int
     uuid: str
     model: str
+    """As NVML names it (`NVIDIA H200`; a slice: `NVIDIA H200 MIG 1g.18gb`)."""
     memory_mib: int
     mig: bool = False
+    """A MIG slice: a device of its own, carved from `parent_uuid`."""
+    mig_profile: str | None = None
+    """A slice's profile (`1g.18gb`, `3g.71gb`)."""
+    parent_uuid: str | None = None
+    """A slice's GPU."""
+    mig_mode: bool = False
+    """A whole GPU in MIG mode: only its slices are given out, never the GPU whole."""
+    device_numbers: list[str] = Field(default_factory=list, max_length=8)
+    """The device nodes (`major:minor`) a workload given it must open besides the driver's
+    shared ones: `/dev/nvidia<N>` (a slice: its GPU's) and a slice's MIG capability nodes.
+    [] where unknown (not Linux, or not read)."""
     health: GpuHealth = GpuHealth.ok
     pci_address: str | None = None
     """Its PCI address (`0000:65:00.0`), where the machine reports it."""
@@ -162,6 +204,15 @@ class DriverReport(Message):
     """Whether it can give workloads GPUs (VFIO passthrough; NVIDIA's container toolkit)."""
 
 
+class DeviceConfinement(Message):
+    """Whether, and how, the `process` driver confines workloads' device nodes on a machine."""
+
+    method: Confinement | None = None
+    """`cgroup2` or `cgroup1`; None: not confined (`note` says why)."""
+    note: str = ""
+    """Why not, in words an operator can act on ("" when confined)."""
+
+
 class Inventory(Message):
     """`<machine>.inventory`: what the machine has and what Einsora may use."""
 
@@ -183,6 +234,9 @@ class Inventory(Message):
     runtimes: list[str] = Field(default_factory=list)
     """Endpoint runtimes this machine can serve (`EndpointRuntime` values); the sim driver
     simulates them all."""
+    device_confinement: DeviceConfinement | None = None
+    """Whether the `process` driver holds workloads to their own GPUs' device nodes here; None:
+    the agent does not say (the sim driver, or an agent older than this field)."""
     agent_version: str = ""
     reclaimed_at: datetime | None = None
     """When the owner reclaimed the machine on the machine itself (`einsora agent reclaim`,

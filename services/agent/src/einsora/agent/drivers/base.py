@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from einsora.common.errors import EinsoraError
-from einsora.common.schemas import DesiredWorkload, Endpoint, ObservedPhase
+from einsora.common.schemas import DesiredWorkload, DeviceAccess, Endpoint, ObservedPhase
 
 
 class StartFailed(EinsoraError):
@@ -35,6 +35,8 @@ class Handle:
     """Its readiness probe has answered since it started. Kept in its record, so a restarted
     agent knows a failed probe is a running workload's (counted, see `supervisor`), not a slow
     start's (bounded by the start timeout)."""
+    devices: DeviceAccess | None = None
+    """The GPUs its driver gave it and how it holds it to them (reported as observed)."""
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ user in /proc) and never in a log line (Jupyter logs `?token=...` for a token it
 An endpoint runs its runtime (`runtimes.plans`) serving its model, checked first
 (`runtimes.models`), or for the `command` runtime `spec.command` serving on `$PORT`. Workloads
 get a small environment of their own, not the agent's: the agent's may hold bus credentials.
+Every plan, whatever its kind, ends with the variables that tell the workload its booked GPUs
+(`devices.visible_env`: none at all when it was booked none); a spec may not set them.
 
 A workload that runs as a user of its own (ADR-0007) has its files in a private directory the
 agent does not write into: the plan names the directories and the token file, and `runas`, as
@@ -14,6 +16,7 @@ that user, makes them.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import socket
@@ -21,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from einsora.agent.drivers import devices
 from einsora.agent.drivers.base import StartFailed
 from einsora.agent.drivers.probe import Probe
 from einsora.agent.runtimes import available, models, plans
@@ -188,10 +192,17 @@ def plan(
     """The launch plan of `workload`, or StartFailed saying what is wrong with its spec.
     `model`: an endpoint's checked model (`prepare` resolves it)."""
     if workload.kind is WorkloadKind.notebook:
-        return notebook_plan(workload, dirs, python)
-    if workload.kind is WorkloadKind.endpoint:
-        return endpoint_plan(workload, dirs, python, model)
-    raise StartFailed(
+        made = notebook_plan(workload, dirs, python)
+    elif workload.kind is WorkloadKind.endpoint:
+        made = endpoint_plan(workload, dirs, python, model)
+    else:
+        raise _no_driver_for(workload)
+    env = {**made.env, **devices.visible_env(workload.resources.gpus)}
+    return dataclasses.replace(made, env=env)
+
+
+def _no_driver_for(workload: DesiredWorkload) -> StartFailed:
+    return StartFailed(
         f"the process driver cannot run a {workload.kind.value} workload; "
         "this machine needs a driver for it (e.g. libvirt for a vm)"
     )
@@ -203,6 +214,12 @@ def _spec_env(workload: DesiredWorkload) -> dict[str, str]:
         isinstance(k, str) and isinstance(v, str) for k, v in env.items()
     ):
         raise StartFailed("spec.env must be an object of strings to strings")
+    told = sorted(set(env) & set(devices.VISIBLE))
+    if told:
+        raise StartFailed(
+            f"spec.env may not set {', '.join(told)}: a workload sees the GPUs it was booked, "
+            "and the agent says which"
+        )
     return dict(env)
 
 

@@ -9,6 +9,11 @@ adopted only when both pid and start time still match.
 When the agent runs as root, each workload runs as an unprivileged user of its own, with its
 files in a private directory outside the data dir (`isolation`, ADR-0007); otherwise it runs as
 the agent's user, its files in its working directory.
+
+Every workload sees exactly the GPUs it was booked (none when it was booked none), told by its
+environment; where the agent runs as root on a machine with NVIDIA GPUs, its device nodes are
+confined to those GPUs' by a cgroup of its own (`devices`, ADR-0025). Its handle, its record and
+so its observed state say what it was given and how it is held to it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -25,10 +31,22 @@ from typing import Any
 
 import psutil
 
-from einsora.agent.drivers import isolation, launch, spawn
+from einsora.agent.drivers import devices, isolation, launch, spawn
 from einsora.agent.drivers.base import Adoption, Handle, Observation, StartFailed
 from einsora.agent.drivers.probe import PROBE_TIMEOUT_S, Probe, failure
-from einsora.common.schemas import DesiredWorkload, Endpoint, ObservedPhase, WorkloadKind, utcnow
+from einsora.common.schemas import (
+    DesiredWorkload,
+    DeviceAccess,
+    Endpoint,
+    Gpu,
+    ObservedPhase,
+    WorkloadKind,
+    utcnow,
+)
+
+RELEASE_TRIES = 20
+"""How often a stopped workload's device cgroup is tried for removal, 50 ms apart (its last
+processes may take a moment to leave it)."""
 
 
 def _is_root() -> bool:
@@ -51,6 +69,9 @@ class ProcessOptions:
     """Run each workload as a user of its own (ADR-0007): what a root agent does."""
     homes: Path = isolation.WORKLOAD_HOMES
     """Where the private directories of those workloads live (with the machine's book of uids)."""
+    gpus: Callable[[], list[Gpu]] | None = None
+    """This machine's GPUs as its inventory lists them (their uuids and device nodes); None:
+    not known to the driver, so booked GPUs are not checked against them."""
 
 
 @dataclass
@@ -64,6 +85,8 @@ class ProcessHandle(Handle):
     """Started by this agent run (so its exit code can be read); False once adopted."""
     uid: int | None = None
     """The user of its own it runs as (None: the agent's user)."""
+    cgroup: str | None = None
+    """Its device cgroup (None: its device nodes are not confined)."""
 
 
 class ProcessDriver:
@@ -74,6 +97,15 @@ class ProcessDriver:
     def __init__(self, options: ProcessOptions | None = None) -> None:
         self.options = options or ProcessOptions()
         self.uids = isolation.UidBook(self.options.homes)
+        self.confiner = (
+            devices.Confiner.probe()
+            if self.options.unprivileged
+            else devices.Confiner(
+                note="the agent does not run as root, so its workloads run as its own user and "
+                "their device nodes are not confined"
+            )
+        )
+        """How this machine confines workloads' device nodes (the inventory reports it)."""
 
     def private_dir(self, workdir: Path) -> Path:
         """Where the workload of `workdir` keeps its own files (`home/`, `jupyter/`): its
@@ -91,8 +123,11 @@ class ProcessDriver:
             dirs = launch.WorkloadDirs(workdir, None if user is None else user.home)
             dirs.create()
             plan = await launch.prepare(workload, dirs, self.options.python)
+            booked = self._booked(workload)
+            cgroup = None
             if user is not None:
                 self._check_isolated(workload, plan, workdir, user)
+                cgroup = await self._confine(workload.workload_id, booked)
             header = f"{spawn.LOG_MARKER}{utcnow().isoformat()} ==\n"
             for log in (dirs.stdout, dirs.stderr):
                 with log.open("a") as f:
@@ -102,10 +137,11 @@ class ProcessDriver:
                     plan.argv, cwd=plan.cwd, env=plan.env, stdout=dirs.stdout, stderr=dirs.stderr
                 )
             else:
-                launch.write_secret(dirs.launch_file, _launch_file(plan, dirs, user))
+                launch.write_secret(dirs.launch_file, _launch_file(plan, dirs, user, cgroup))
                 spawned = spawn.spawn_as(dirs.launch_file, stdout=dirs.stdout, stderr=dirs.stderr)
         except OSError as exc:
             raise StartFailed(f"could not start its process: {exc}") from exc
+        confined = None if cgroup is None else self.confiner.method
         return ProcessHandle(
             workload_id=workload.workload_id,
             started_at=utcnow(),
@@ -116,7 +152,43 @@ class ProcessDriver:
             workdir=str(workdir),
             child=True,
             uid=None if user is None else user.uid,
+            devices=DeviceAccess(gpus=booked, confinement=confined),
+            cgroup=None if cgroup is None else str(cgroup),
         )
+
+    def _booked(self, workload: DesiredWorkload) -> list[str]:
+        """Its booked GPUs, each checked against this machine's (StartFailed naming one that
+        is not here: the scheduler booked from an inventory that has changed since)."""
+        booked = list(workload.resources.gpus)
+        if self.options.gpus is None:
+            return booked
+        here = {g.uuid: g for g in self.options.gpus()}
+        for uuid in booked:
+            gpu = here.get(uuid)
+            if gpu is None:
+                raise StartFailed(f"GPU {uuid} is not on this machine (its inventory changed)")
+            if gpu.mig_mode:
+                raise StartFailed(
+                    f"GPU {uuid} is in MIG mode: only its slices are given out, never the GPU whole"
+                )
+        return booked
+
+    def _machine_gpus(self) -> list[Gpu]:
+        return [] if self.options.gpus is None else self.options.gpus()
+
+    async def _confine(self, workload_id: str, booked: list[str]) -> Path | None:
+        """Its device cgroup, where this machine has GPUs and can confine (None otherwise)."""
+        gpus = self._machine_gpus()
+        if self.confiner.method is None or not (gpus or devices.has_nvidia_nodes()):
+            return None
+        rules = devices.DeviceRules.of(gpus, booked)
+        try:
+            return await asyncio.to_thread(self.confiner.confine, workload_id, rules)
+        except OSError as exc:
+            raise StartFailed(
+                f"its device nodes could not be confined to its GPUs "
+                f"({self.confiner.method.value}): {exc.strerror or exc}; not started"
+            ) from exc
 
     def _check_isolated(
         self,
@@ -155,6 +227,8 @@ class ProcessDriver:
         await spawn.terminate(handle.pid, handle.create_time, child=handle.child, grace_s=grace_s)
         if handle.uid is not None:  # its uid is its alone: whatever still runs as it is its own
             await asyncio.to_thread(isolation.kill_all_of, handle.uid)
+        if handle.cgroup is not None:
+            await _release(Path(handle.cgroup))
 
     async def park(self, handle: Handle, grace_s: float) -> str:
         await self.stop(handle, grace_s)
@@ -172,6 +246,8 @@ class ProcessDriver:
             "workdir": handle.workdir,
             "uid": handle.uid,
             "ready": handle.ready,
+            "devices": None if handle.devices is None else handle.devices.model_dump(mode="json"),
+            "cgroup": handle.cgroup,
         }
 
     async def adopt(self, record: dict[str, Any]) -> Adoption:
@@ -187,6 +263,10 @@ class ProcessDriver:
                 child=False,
                 uid=None if record.get("uid") is None else int(record["uid"]),
                 ready=record.get("ready") is True,
+                devices=None
+                if record.get("devices") is None
+                else DeviceAccess.model_validate(record["devices"]),
+                cgroup=None if record.get("cgroup") is None else str(record["cgroup"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             return Adoption(None, f"its record could not be read ({exc})")
@@ -206,6 +286,11 @@ class ProcessDriver:
             return Adoption(
                 None, f"its process (pid {handle.pid}) runs as uid {uid}, not its own {handle.uid}"
             )
+        if handle.cgroup is not None and handle.devices is not None:
+            # Say only the confinement that still holds: its cgroup, with it inside.
+            cgroup = Path(handle.cgroup)
+            if not await asyncio.to_thread(devices.Confiner.holds, cgroup, handle.pid):
+                handle.devices = handle.devices.model_copy(update={"confinement": None})
         return Adoption(handle)
 
     async def delete(self, workdir: Path) -> None:
@@ -243,14 +328,31 @@ class ProcessDriver:
         return ""
 
 
+async def _release(cgroup: Path) -> None:
+    """Remove a stopped workload's device cgroup, once its last processes have left it."""
+    for _ in range(RELEASE_TRIES - 1):
+        try:
+            procs = await asyncio.to_thread((cgroup / "cgroup.procs").read_text)
+        except OSError:
+            break  # gone already, or unreadable: the removal below says which
+        if not procs.strip():
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.to_thread(devices.Confiner.release, cgroup)
+
+
 def _launch_file(
-    plan: launch.LaunchPlan, dirs: launch.WorkloadDirs, user: isolation.WorkloadUser
+    plan: launch.LaunchPlan,
+    dirs: launch.WorkloadDirs,
+    user: isolation.WorkloadUser,
+    cgroup: Path | None = None,
 ) -> str:
     """What `runas` needs, as JSON: it holds the workload's environment, so it stays 0600."""
     return json.dumps(
         {
             "uid": user.uid,
             "gid": user.gid,
+            "cgroup": None if cgroup is None else str(cgroup / "cgroup.procs"),
             "dirs": [str(p) for p in plan.own_dirs],
             "token_from": None if plan.token_copy is None else str(dirs.probe_token_file),
             "token_to": None if plan.token_copy is None else str(plan.token_copy),

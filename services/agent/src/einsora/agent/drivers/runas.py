@@ -1,13 +1,13 @@
 """The first moments of a workload that runs as a user of its own (ADR-0007).
 
-A root agent cannot start a process as another user with `posix_spawn`, so it spawns this file
-with its own Python (`python -I -S runas.py <launch file>`, an empty environment: nothing the
-workload's spec says reaches a process that is still root). As root it reads the launch file
-(in the agent's root-only directory of the workload) and deletes it, and reads the workload's
-token; then it becomes the workload's user for good (no groups, real, effective and saved ids),
-and only then touches the workload's private directory: it makes its directories and writes its
-token file (0600) there, enters its current directory and `exec`s the workload's program, so
-the pid the agent knows is the workload's.
+A root agent cannot start a process as another user with `posix_spawn`, so it spawns this file with
+its own Python (`python -I -S runas.py <launch file>`, an empty environment: nothing the workload's
+spec says reaches a process that is still root). As root it reads the launch file (in the agent's
+root-only directory of the workload) and deletes it, reads the workload's token, and joins the
+workload's device cgroup (`devices`) where it has one; then it becomes the workload's user for good
+(no groups, real, effective and saved ids), and only then touches the workload's private directory:
+it makes its directories and writes its token file (0600) there, enters its current directory and
+`exec`s the workload's program, so the pid the agent knows is the workload's.
 
 Standard library only, and nothing here runs in the agent's own process.
 """
@@ -67,6 +67,13 @@ def main(launch_file: str) -> NoReturn:
     if launch.get("token_from"):
         with open(launch["token_from"], encoding="utf-8") as f:
             token = f.read()
+    if launch.get("cgroup"):
+        # Still root: the workload and all it starts are in its device cgroup from here on.
+        try:
+            with open(launch["cgroup"], "w", encoding="ascii") as f:
+                f.write(str(os.getpid()))
+        except OSError as exc:
+            fail(125, f"could not enter its device cgroup {launch['cgroup']}: {exc}")
     become(int(launch["uid"]), int(launch["gid"]))
     os.umask(0o077)
     try:

@@ -25,7 +25,9 @@ from einsora.agent.drivers.base import Adoption, Handle, Observation, StartFaile
 from einsora.agent.runtimes import plans
 from einsora.agent.runtimes.sim_server import SimEndpointServer
 from einsora.common.schemas import (
+    Confinement,
     DesiredWorkload,
+    DeviceAccess,
     Endpoint,
     ObservedPhase,
     SimEndpoint,
@@ -78,8 +80,13 @@ class SimDriver:
             raise StartFailed(f"spec.sim must be an object, not {type(sim).__name__}")
         delay = _seconds(sim.get("start_delay_s", self.options.start_delay_s), "start_delay_s")
         now = time.monotonic()
+        # What a real driver would give it: its booked GPUs, and none besides.
+        devices = DeviceAccess(gpus=workload.resources.gpus, confinement=Confinement.sim)
         handle = SimHandle(
-            workload_id=workload.workload_id, started_at=utcnow(), ready_at=now + delay
+            workload_id=workload.workload_id,
+            started_at=utcnow(),
+            ready_at=now + delay,
+            devices=devices,
         )
         fail = sim.get("fail")
         if fail is not None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from einsora.agent.drivers import devices
 from einsora.agent.drivers.base import StartFailed
 from einsora.common.schemas import EndpointRuntime, EndpointSpec
 
@@ -57,7 +58,7 @@ def read_spec(spec: Mapping[str, Any]) -> EndpointSpec:
 
 def gpu_env(gpus: Sequence[str]) -> dict[str, str]:
     """The workload sees its own GPUs only: none at all when it was given none."""
-    return {"CUDA_VISIBLE_DEVICES": ",".join(gpus)}
+    return devices.visible_env(gpus)
 
 
 def llamacpp(

@@ -18,18 +18,19 @@ Page = Annotated[PageQuery, Query()]
 
 @router.get(
     "/v1/classes",
-    summary="The GPU and CPU classes, with the regions that offer each now and how many more "
-    "the machines you may use could take",
+    summary="The GPU and CPU classes, with the regions where machines you may use offer each "
+    "now (within what their owners lend) and how many more they could take",
     response_model=ClassPage,
     responses=errors(*AUTH_ERRORS, *PARAM_ERRORS),
 )
 async def list_classes(call: Me, query: Page) -> Response:
     ctx = call.ctx
     machines = ctx.machines.snapshot()
+    # Only what the caller may use, within its owners' lends: what they could launch.
     mine = machine_sharing.visible(machines, call.me, community_pool=ctx.settings.community_pool)
     placed = await catalog.booked(ctx.store, [r.machine_id for r in mine])
     free = catalog.free_by_class(ctx.catalog, mine, placed)
-    return reply(catalog.list_classes(ctx.catalog, machines, query, free))
+    return reply(catalog.list_classes(ctx.catalog, mine, query, free))
 
 
 @router.get(

@@ -14,7 +14,7 @@ from einsora.common.schemas import Inventory
 
 
 class ClassOut(BaseModel):
-    """A class a workload can name, and the regions whose machines offer it now."""
+    """A class a workload can name, and the regions where machines you may use offer it now."""
 
     name: str
     accelerator: Accelerator
@@ -22,7 +22,20 @@ class ClassOut(BaseModel):
     model: str | None
     memory_gib: float
     cpus: float
-    regions: list[str]
+    mig_profile: str | None = Field(
+        default=None,
+        description="a class of MIG slices of this profile (e.g. 1g.18gb) of `model` GPUs; "
+        "null: whole GPUs (or a CPU class)",
+    )
+    automatic: bool = Field(
+        default=False,
+        description="derived from a machine's devices that no class of the catalog names (a "
+        "new GPU model, or a MIG profile), not configured; listed only where offered",
+    )
+    regions: list[str] = Field(
+        description="the regions where machines you may use offer it now, counting only what "
+        "their owners lend"
+    )
     free: int | None = Field(
         default=None,
         description="how many workloads of this class (count 1) the machines you may use could "

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from einsora.api.schemas.common import Label, Page, PageQuery, RequestBody
+from einsora.common.catalog import CLASS_NAME
 from einsora.common.schemas import (
     MAX_FALLBACK_AFTER_S,
     MAX_STEPS,
@@ -18,7 +19,8 @@ from einsora.common.schemas import (
     WorkloadState,
 )
 
-CLASS_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+CLASS_PATTERN = CLASS_NAME
+"""A class's name, as the catalog spells them (a MIG class has a dot: `h200-1g.18gb`)."""
 REGION_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 MAX_SPEC_BYTES = 64 * 1024
 """A spec is a workload's inputs (image, model, env), not its data."""

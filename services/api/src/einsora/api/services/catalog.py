@@ -1,8 +1,10 @@
 """Classes, regions and machines, as offered now.
 
-A class is offered in a region when a machine there offers it, by `Catalog.offered_by`: the match
-the scheduler places by, so what is listed here can be launched. Lists are small and held in
-memory, so they page over a sorted list by name.
+A class is offered to a caller in a region when a machine there that the caller may use offers
+it, by the catalog's one match (`Catalog.devices_by_class`, the scheduler's), narrowed to what its
+owner lends: so what is listed here can be launched by whoever reads it. Every configured class
+is listed (with no region where none is offered); a derived one (automatic, MIG) only where it
+is offered. Lists are small and held in memory, so they page over a sorted list by name.
 """
 
 from __future__ import annotations
@@ -116,20 +118,43 @@ def free_by_class(
     return free
 
 
+def lent_classes(catalog: Catalog, record: MachineRecord) -> set[str]:
+    """The classes a machine offers within what its owner lends: a GPU class where a lent,
+    healthy device serves it, a CPU class where the lent cores and memory hold it."""
+    inventory = record.inventory
+    if inventory is None or record.enrolment is None:
+        return set()
+    usable = (record.enrolment.lend or Lend()).usable(inventory)
+    lent = set(usable.gpus)
+    names = {
+        name
+        for name, uuids in catalog.devices_by_class(inventory).items()
+        if any(uuid in lent for uuid in uuids)
+    }
+    for c in catalog:
+        cpu = c.accelerator is Accelerator.cpu
+        if cpu and usable.cpus >= c.cpus and usable.memory_mib >= c.memory_mib:
+            names.add(c.name)
+    return names
+
+
 def list_classes(
     catalog: Catalog,
     machines: list[MachineRecord],
     query: PageQuery,
     free: Mapping[str, int] | None = None,
 ) -> ClassPage:
-    """`machines`: every machine, for where classes are offered; `free`: what the caller's
-    machines could take now (`free_by_class`), None when not counted."""
+    """`machines`: those the caller may use (`machine_sharing.visible`), for where classes are
+    offered to them; `free`: what those could take now (`free_by_class`), None when not
+    counted."""
     offered: dict[str, set[str]] = {}
     for record in machines:
-        if record.inventory is not None and record.region is not None:
-            for c in catalog.offered_by(record.inventory):
-                offered.setdefault(c.name, set()).add(record.region)
-    classes = sorted(catalog, key=lambda c: c.name)
+        if record.region is not None:
+            for name in lent_classes(catalog, record):
+                offered.setdefault(name, set()).add(record.region)
+    classes = sorted(
+        (c for c in catalog if not c.automatic or c.name in offered), key=lambda c: c.name
+    )
     page, cursor = _page(classes, lambda c: c.name, query)
     items = [
         ClassOut(
@@ -139,6 +164,8 @@ def list_classes(
             model=c.model,
             memory_gib=c.memory_gib,
             cpus=c.cpus,
+            mig_profile=c.mig_profile,
+            automatic=c.automatic,
             regions=sorted(offered.get(c.name, ())),
             free=None if free is None else free.get(c.name, 0),
         )

@@ -33,7 +33,14 @@ def _validated(model: type[BaseModel], spec: dict[str, Any]) -> Any:
 
 
 def check_vm_spec(spec: dict[str, Any], machine_class: MachineClass | None) -> VmSpec:
-    """The VM's spec, or a 422 naming the field that is wrong."""
+    """The VM's spec, or a 422 naming the field that is wrong (or the class: a VM is given
+    whole GPUs by passthrough, and a MIG slice cannot be passed through)."""
+    if machine_class is not None and machine_class.mig_profile is not None:
+        raise field_error(
+            "class",
+            f"{machine_class.name} is a MIG slice, and a VM is given whole GPUs only (by VFIO "
+            "passthrough): choose a class of whole GPUs, or run a notebook or endpoint",
+        )
     vm: VmSpec = _validated(VmSpec, spec)
     if machine_class is not None and machine_class.accelerator is Accelerator.cpu:
         if vm.vcpus is not None and vm.vcpus > machine_class.cpus:

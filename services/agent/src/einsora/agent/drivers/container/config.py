@@ -18,6 +18,8 @@ from typing import Any
 
 from docker.types import DeviceRequest
 
+from einsora.agent.drivers import devices
+
 LABEL_WORKLOAD = "einsora.workload"
 LABEL_MACHINE = "einsora.machine"
 LABEL_DRIVER = "einsora.driver"
@@ -82,8 +84,11 @@ def with_port(command: list[str], port: int) -> list[str]:
 
 
 def create_kwargs(plan: ContainerPlan) -> dict[str, Any]:
-    """The arguments of `containers.create` for `plan`."""
-    env = {**plan.env, "PORT": str(plan.port)}
+    """The arguments of `containers.create` for `plan`. Its GPUs are its DeviceRequests, and
+    its environment says them last, whatever its spec or image says: a container booked none
+    gets `NVIDIA_VISIBLE_DEVICES=void`, so an engine whose default runtime is NVIDIA's gives it
+    none (a CUDA image says `all`)."""
+    env = {**plan.env, **devices.visible_env(plan.gpus), "PORT": str(plan.port)}
     volumes: dict[str, dict[str, str]] = {
         volume_name(plan.workload_id): {"bind": plan.volume_path, "mode": "rw"}
     }

@@ -34,8 +34,10 @@ from einsora.agent.drivers.container import config
 from einsora.agent.drivers.launch import write_secret
 from einsora.agent.drivers.probe import PROBE_TIMEOUT_S, Probe, failure
 from einsora.common.schemas import (
+    Confinement,
     ContainerSpec,
     DesiredWorkload,
+    DeviceAccess,
     Endpoint,
     EndpointRuntime,
     ObservedPhase,
@@ -211,6 +213,7 @@ class DockerDriver:
             container=config.container_name(workload.workload_id),
             workdir=str(workdir),
             probe=probe,
+            devices=DeviceAccess(gpus=plan.gpus, confinement=Confinement.container),
         )
 
     def _run(self, plan: config.ContainerPlan) -> int:

@@ -47,7 +47,14 @@ from einsora.agent.drivers.vm import plan as vmplan
 from einsora.agent.drivers.vm.console import ConsoleRelay
 from einsora.agent.drivers.vm.domain import DomainPlan, domain_xml, read_domain
 from einsora.agent.drivers.vm.seed import write_seed
-from einsora.common.schemas import DesiredWorkload, ObservedPhase, VmSpec, utcnow
+from einsora.common.schemas import (
+    Confinement,
+    DesiredWorkload,
+    DeviceAccess,
+    ObservedPhase,
+    VmSpec,
+    utcnow,
+)
 
 log = logging.getLogger("einsora.agent")
 
@@ -229,6 +236,7 @@ class LibvirtDriver:
             park_with=spec.park,
             hostdevs=len(plan.hostdevs),
             endpoint=vmplan.endpoint_of(plan.ports),
+            devices=DeviceAccess(gpus=list(workload.resources.gpus), confinement=Confinement.vm),
         )
         await self._relay(handle)
         return handle
