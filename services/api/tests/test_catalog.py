@@ -208,3 +208,54 @@ def test_what_is_free_now_is_what_is_lent_less_what_is_placed() -> None:
     assert free["cpu-2c-4g"] == 3 + 0
     assert free["cpu-1c-2g"] == 6 + 1
     assert "h100-80gb" not in free
+
+
+def test_classes_are_offered_where_the_callers_machines_lend_them() -> None:
+    """`/v1/classes` counts only the machines the caller may use, within what their owners lend;
+    a class derived from a device (a MIG profile, an unknown model) is listed only where it is
+    offered."""
+    from einsora.api.machines import MachineRecord
+    from einsora.api.schemas.common import PageQuery
+    from einsora.api.services.catalog import list_classes
+    from einsora.common.catalog import Catalog
+    from einsora.common.schemas import Enrolment, Lend
+
+    gpus = [
+        Gpu(index=0, uuid="GPU-0", model="NVIDIA L40S", memory_mib=46068),
+        Gpu(index=1, uuid="GPU-1", model="NVIDIA H200", memory_mib=143771, mig_mode=True),
+        Gpu(
+            index=2,
+            uuid="MIG-a",
+            model="NVIDIA H200 MIG 1g.18gb",
+            memory_mib=16384,
+            mig=True,
+            mig_profile="1g.18gb",
+            parent_uuid="GPU-1",
+        ),
+        Gpu(index=3, uuid="GPU-3", model="NVIDIA RTX PRO 6000 Blackwell", memory_mib=97887),
+    ]
+    catalog = Catalog()
+    enrolled = Enrolment(machine_id="m-lab", owner_tenant_id="t-1", region="lab")
+    lab = MachineRecord("m-lab", inventory=_inventory("m-lab", "lab", 32, 256, gpus))
+    lab.enrolment = enrolled
+
+    def offered(record: MachineRecord) -> dict[str, list[str]]:
+        page = list_classes(catalog, [record], PageQuery(limit=200))
+        return {c.name: c.regions for c in page.items if c.accelerator != "cpu"}
+
+    everything = offered(lab)
+    assert everything["l40s-48gb"] == ["lab"]
+    assert everything["h200-1g.18gb"] == ["lab"]  # the slice's class, derived
+    assert everything["rtx-pro-6000-blackwell-96gb"] == ["lab"]  # a model no class names
+    assert everything["h200-141gb"] == []  # its only H200 is in MIG mode: never whole
+    # Its owner lends only the L40S: the derived classes are not offered, so not listed.
+    lab.enrolment = enrolled.model_copy(update={"lend": Lend(gpus=["GPU-0"])})
+    lent = offered(lab)
+    assert lent["l40s-48gb"] == ["lab"]
+    assert "h200-1g.18gb" not in lent
+    assert "rtx-pro-6000-blackwell-96gb" not in lent
+    # A machine the caller may not use is not passed in (machine_sharing.visible): nothing
+    # derived is listed, and the configured classes have no region.
+    nothing = list_classes(catalog, [], PageQuery(limit=200))
+    assert all(c.regions == [] for c in nothing.items)
+    assert not any(c.automatic for c in nothing.items)
