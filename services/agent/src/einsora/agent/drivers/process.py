@@ -116,6 +116,7 @@ class ProcessDriver:
     async def start(self, workload: DesiredWorkload, workdir: Path | None) -> Handle:
         if workdir is None:
             raise StartFailed("the process driver needs a working directory")
+        cgroup: Path | None = None
         try:
             user = None
             if self.options.unprivileged:
@@ -124,7 +125,6 @@ class ProcessDriver:
             dirs.create()
             plan = await launch.prepare(workload, dirs, self.options.python)
             booked = self._booked(workload)
-            cgroup = None
             if user is not None:
                 self._check_isolated(workload, plan, workdir, user)
                 cgroup = await self._confine(workload.workload_id, booked)
@@ -140,6 +140,8 @@ class ProcessDriver:
                 launch.write_secret(dirs.launch_file, _launch_file(plan, dirs, user, cgroup))
                 spawned = spawn.spawn_as(dirs.launch_file, stdout=dirs.stdout, stderr=dirs.stderr)
         except OSError as exc:
+            if cgroup is not None:
+                await _release(cgroup)
             raise StartFailed(f"could not start its process: {exc}") from exc
         confined = None if cgroup is None else self.confiner.method
         return ProcessHandle(
