@@ -103,9 +103,11 @@ _TRACING_ENV: dict[str, str] = {}
 """The OTEL_* variables every service of the run gets (`--tracing`: tracing on)."""
 
 
-def _spawn(tmp: str, url: str, *args: str) -> subprocess.Popen[bytes]:
+def _spawn(tmp: str, url: str, *args: str, sim_machines: bool = False) -> subprocess.Popen[bytes]:
     command = [str(Path(sys.executable).parent / "einsora"), *args, "--nats", url]
     env = {**os.environ, "EINSORA_LOG_LEVEL": "WARNING", **API_LIMITS_OFF, **_TRACING_ENV}
+    if sim_machines:
+        env["EINSORA_SIM_MACHINES"] = "true"
     return subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env)
 
 
@@ -223,7 +225,10 @@ async def run(
             )
         else:
             await KvSimMachines(kv).join(machines)
-        scheduler = _spawn(tmp, server.url, "scheduler", "--database-url", database, *silence)
+        # Its machines are sim machines: the scheduler's cell allows them (issue 34, N9).
+        scheduler = _spawn(
+            tmp, server.url, "scheduler", "--database-url", database, *silence, sim_machines=True
+        )
         processes.append(scheduler)
         try:
             await observer.start()

@@ -522,26 +522,6 @@ async def test_refused_a_rollup_on_its_own_key(lab: Lab, m1: Agent) -> None:
     assert DesiredState.from_bytes(other.value).machine_id == M2
 
 
-async def test_refused_a_widened_filter_on_its_own_consumer_subject(m1: Agent) -> None:
-    """The one create subject it may use: the server holds the body to the subject's filter."""
-    subject = f"{_CREATE}.m1_desired.{_key(M1, 'desired')}"
-    inbox, own, other = "_INBOX_m1.w", _key(M1, "desired"), _key(M2, "desired")
-    widened: list[dict[str, Any]] = [
-        {"filter_subject": "$KV.machines.>", "deliver_subject": inbox},
-        {"filter_subjects": [own, other], "deliver_subject": inbox},
-        {"filter_subject": own, "deliver_subject": other},
-    ]
-    for config in widened:
-        body = {
-            "stream_name": names.MACHINES.stream,
-            "config": {"name": "m1_desired", "ack_policy": "none", **config},
-        }
-        reply = await m1.nc.request(subject, json.dumps(body).encode(), DEADLINE_S)
-        error = json.loads(reply.data).get("error")
-        assert error is not None, (config, reply.data)
-        log.info("widened filter %s refused: %s", config, error)
-
-
 async def test_refused_another_agents_replies(lab: Lab, m1: Agent) -> None:
     m2 = await lab.agent(M2)
     try:

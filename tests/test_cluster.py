@@ -233,6 +233,7 @@ def _scheduler(
         EINSORA_DATA_DIR=str(data_dir),
         EINSORA_LOG_FORMAT="json",
         EINSORA_SCHEDULER_TOKENS_KEY=str(key),
+        EINSORA_SIM_MACHINES="true",  # its machines are a sim agent's
     )
     command = [
         str(Path(sys.executable).parent / "einsora"),

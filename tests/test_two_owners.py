@@ -70,7 +70,12 @@ async def _until(api: Api, check: Any, what: str, within_s: float = 30) -> None:
 async def test_two_owners_share_their_machines_and_one_takes_its_back(
     start_plane: StartPlane, api_of: OpenApi, tmp_path: Path
 ) -> None:
-    plane = await start_plane(driver="sim", sim_inventory="8 cpu, 32 GiB")  # no GPU of its own
+    # No GPU of its own; its operator lets tenant admins' machines on this host join directly.
+    plane = await start_plane(
+        driver="sim",
+        sim_inventory="8 cpu, 32 GiB",
+        settings={"direct_machine_networks": "127.0.0.0/8"},
+    )
     owner = await api_of(plane)
     _, alice = await tenant_admin(owner, "alice")
     bob_tenant, bob = await tenant_admin(owner, "bob")

@@ -626,6 +626,41 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/tenants/{id}/members/{user}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /** Remove a member from the tenant (its admins, the operator): every credential of theirs there is revoked on every replica within a second; their workloads stay the tenant's */
+        delete: operations["remove_member"];
+        options?: never;
+        head?: never;
+        /** Change a member's role (its admins, the operator); it holds on every api replica within a second, and a tenant always keeps an admin */
+        patch: operations["set_member_role"];
+        trace?: never;
+    };
+    "/v1/tenants/{id}/members/{user}/credentials": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /** Revoke every credential a member holds in the tenant (API tokens, dashboard sessions, gateway keys, join tokens), on every replica within a second; they stay a member */
+        delete: operations["revoke_member_credentials"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/tenants/{id}/quota": {
         parameters: {
             query?: never;
@@ -654,7 +689,7 @@ export interface paths {
         /** List your API tokens (never their secrets) */
         get: operations["list_tokens"];
         put?: never;
-        /** Make an API token (its secret is shown only in this answer) */
+        /** Make an API token (its secret is shown only in this answer); it never outlives the credential that makes it, and a user holds at most `api_tokens_per_user` live ones */
         post: operations["create_token"];
         delete?: never;
         options?: never;
@@ -972,6 +1007,35 @@ export interface components {
          * @enum {string}
          */
         Confinement: "cgroup2" | "cgroup1" | "container" | "vm" | "sim";
+        /**
+         * CredentialsRevoked
+         * @description What was revoked of a member's in one tenant: refused on every api replica (and by the
+         *     gateway) within a second.
+         */
+        CredentialsRevoked: {
+            /**
+             * Api Tokens
+             * @description API tokens revoked
+             */
+            api_tokens: number;
+            /**
+             * Gateway Keys
+             * @description inference gateway keys revoked
+             */
+            gateway_keys: number;
+            /**
+             * Join Tokens
+             * @description machine join tokens revoked
+             */
+            join_tokens: number;
+            /**
+             * Sessions
+             * @description dashboard sessions ended
+             */
+            sessions: number;
+            tenant: components["schemas"]["TenantRef"];
+            user: components["schemas"]["UserOut"];
+        };
         /**
          * DeviceConfinement
          * @description Whether, and how, the `process` driver confines workloads' device nodes on a machine.
@@ -1383,6 +1447,10 @@ export interface components {
         /**
          * Inventory
          * @description `<machine>.inventory`: what the machine has and what Einsora may use.
+         *
+         *     Bounded (issue 34, N7): what a machine says of itself is read by the scheduler and the api,
+         *     so its lists and texts have limits (a machine of 16 GPUs in MIG mode lists 128 devices) and
+         *     a value over `MAX_BYTES` is refused before it is parsed.
          */
         Inventory: {
             /**
@@ -1583,6 +1651,12 @@ export interface components {
          */
         JoinTokenCreate: {
             /**
+             * Address
+             * @description with `tunnel: false`: the address its machine must join from, and is reached at; null: the address it joins from
+             * @default null
+             */
+            address?: string | null;
+            /**
              * Expires In Hours
              * @default 24
              */
@@ -1602,7 +1676,7 @@ export interface components {
             sharing?: components["schemas"]["SharingLevel"];
             /**
              * Tunnel
-             * @description its machines are reached through the tunnel their agents dial (they accept no inbound connection); false: directly at the address the agent reports
+             * @description its machines are reached through the tunnel their agents dial (they accept no inbound connection); false: directly, at the address a machine joins from (the operator's tokens, or an admin's from a network the operator allows)
              * @default true
              */
             tunnel?: boolean;
@@ -1738,6 +1812,11 @@ export interface components {
          *     never who else is invited.
          */
         MachineEnrolment: {
+            /**
+             * Address
+             * @description where the control plane reaches a direct machine (its routes point there, whatever its agent reports); null unless your tenant owns the machine (or you are the operator)
+             */
+            address?: string | null;
             /**
              * Enrolled At
              * Format: date-time
@@ -1968,6 +2047,42 @@ export interface components {
             items: components["schemas"]["MemberOut"][];
             /** Next Cursor */
             next_cursor?: string | null;
+        };
+        /**
+         * MemberRemoved
+         * @description A member removed from a tenant, with every credential of theirs there revoked. Their
+         *     workloads, machines and usage stay the tenant's.
+         */
+        MemberRemoved: {
+            /**
+             * Api Tokens
+             * @description API tokens revoked
+             */
+            api_tokens: number;
+            /**
+             * Gateway Keys
+             * @description inference gateway keys revoked
+             */
+            gateway_keys: number;
+            /**
+             * Join Tokens
+             * @description machine join tokens revoked
+             */
+            join_tokens: number;
+            /**
+             * Sessions
+             * @description dashboard sessions ended
+             */
+            sessions: number;
+            tenant: components["schemas"]["TenantRef"];
+            user: components["schemas"]["UserOut"];
+        };
+        /**
+         * MemberRole
+         * @description `PATCH /v1/tenants/{id}/members/{user}`: the member's new role.
+         */
+        MemberRole: {
+            role: components["schemas"]["Role"];
         };
         /**
          * PasswordChange
@@ -2364,7 +2479,7 @@ export interface components {
         TenantLimitsOut: {
             /**
              * Launches Per Minute
-             * @description Launches per minute per API token; null: no limit
+             * @description Launches per minute per user in a tenant, all their API tokens and dashboard sessions together; null: no limit
              */
             launches_per_minute: number | null;
             /**
@@ -2374,7 +2489,7 @@ export interface components {
             max_workloads: number | null;
             /**
              * Requests Per Minute
-             * @description Requests per minute per API token; null: no limit
+             * @description Requests per minute per user in a tenant, all their API tokens and dashboard sessions together; null: no limit
              */
             requests_per_minute: number | null;
             /**
@@ -2952,7 +3067,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3040,7 +3155,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3108,7 +3223,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3140,7 +3255,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Server-sent events (`text/event-stream`). Each event has an `id` (the EVENTS stream sequence; send the last one back as `Last-Event-ID` to resume) and a name: `snapshot` first on a fresh stream (data: `SnapshotOut`, the current states), then `workload` for each change as the scheduler makes it (data: `WorkloadChangeOut`). A frame with an `id` and no data moves the id on past a change the snapshot already showed. `: ping` comments keep a silent stream open. At most `api_streams_per_token` (8) streams per API token (429 past it). */
+            /** @description Server-sent events (`text/event-stream`). Each event has an `id` (the EVENTS stream sequence; send the last one back as `Last-Event-ID` to resume) and a name: `snapshot` first on a fresh stream (data: `SnapshotOut`, the current states), then `workload` for each change as the scheduler makes it (data: `WorkloadChangeOut`). A frame with an `id` and no data moves the id on past a change the snapshot already showed. `: ping` comments keep a silent stream open. At most `api_streams_per_token` (8) streams per user in a tenant, all their API tokens and dashboard sessions together (429 past it). */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -3187,7 +3302,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3255,7 +3370,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3342,7 +3457,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3418,7 +3533,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3492,7 +3607,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3560,7 +3675,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3647,6 +3762,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
         };
     };
     accept_invitation: {
@@ -3714,7 +3838,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3782,7 +3906,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3867,7 +3991,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3935,7 +4059,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3995,6 +4119,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description Not allowed to do this */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Body over 128 KiB */
             413: {
                 headers: {
@@ -4006,6 +4139,15 @@ export interface operations {
             };
             /** @description A field breaks the schema; `details` names it */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4072,7 +4214,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4159,7 +4301,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4233,7 +4375,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4273,6 +4415,15 @@ export interface operations {
             };
             /** @description Missing, unknown, revoked or expired API token (or dashboard session) */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4338,7 +4489,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4412,7 +4563,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4519,7 +4670,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4598,7 +4749,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4714,7 +4865,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4789,7 +4940,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4874,7 +5025,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -4959,7 +5110,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5015,7 +5166,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5100,7 +5251,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5168,7 +5319,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5255,7 +5406,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5311,7 +5462,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5374,7 +5525,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5479,7 +5630,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5557,7 +5708,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5635,7 +5786,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5703,7 +5854,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5799,7 +5950,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5878,7 +6029,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -5985,7 +6136,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6060,7 +6211,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6136,7 +6287,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6234,7 +6385,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6313,7 +6464,281 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The store or the bus cannot answer now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    remove_member: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+                /** @description the member's user id or username */
+                user: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["MemberRemoved"];
+                };
+            };
+            /** @description Missing, unknown, revoked or expired API token (or dashboard session) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not allowed to do this */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such object in this tenant */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The object's state or an existing object forbids this */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A field breaks the schema; `details` names it */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The store or the bus cannot answer now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    set_member_role: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+                /** @description the member's user id or username */
+                user: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["MemberRole"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["MemberOut"];
+                };
+            };
+            /** @description Malformed JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, unknown, revoked or expired API token (or dashboard session) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not allowed to do this */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such object in this tenant */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The object's state or an existing object forbids this */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Body over 128 KiB */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A field breaks the schema; `details` names it */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The store or the bus cannot answer now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    revoke_member_credentials: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+                /** @description the member's user id or username */
+                user: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CredentialsRevoked"];
+                };
+            };
+            /** @description Missing, unknown, revoked or expired API token (or dashboard session) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not allowed to do this */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such object in this tenant */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A field breaks the schema; `details` names it */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6389,7 +6814,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6487,7 +6912,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6555,7 +6980,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6624,6 +7049,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The object's state or an existing object forbids this */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Body over 128 KiB */
             413: {
                 headers: {
@@ -6642,7 +7076,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6716,7 +7150,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6800,7 +7234,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6870,7 +7304,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6971,7 +7405,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7047,7 +7481,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7135,7 +7569,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7220,7 +7654,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7259,7 +7693,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description A page of the timeline (JSON); with `follow=true`: Server-sent events (`text/event-stream`). Each event has an `id` (the EVENTS stream sequence; send the last one back as `Last-Event-ID` to resume) and a name: `snapshot` first on a fresh stream (data: `SnapshotOut`, the current states), then `workload` for each change as the scheduler makes it (data: `WorkloadChangeOut`). A frame with an `id` and no data moves the id on past a change the snapshot already showed. `: ping` comments keep a silent stream open. At most `api_streams_per_token` (8) streams per API token (429 past it). */
+            /** @description A page of the timeline (JSON); with `follow=true`: Server-sent events (`text/event-stream`). Each event has an `id` (the EVENTS stream sequence; send the last one back as `Last-Event-ID` to resume) and a name: `snapshot` first on a fresh stream (data: `SnapshotOut`, the current states), then `workload` for each change as the scheduler makes it (data: `WorkloadChangeOut`). A frame with an `id` and no data moves the id on past a change the snapshot already showed. `: ping` comments keep a silent stream open. At most `api_streams_per_token` (8) streams per user in a tenant, all their API tokens and dashboard sessions together (429 past it). */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -7316,7 +7750,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7392,7 +7826,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7480,7 +7914,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7568,7 +8002,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Over a rate limit of this API token (`details` names it); retry after `Retry-After` s */
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
                 headers: {
                     [name: string]: unknown;

@@ -154,7 +154,7 @@ function MakeToken({ onMade }: { onMade: (made: Schemas["TokenCreated"]) => void
         <Field id="token-name" label="Name" hint="What uses it: “laptop”, “ci”." error={f("name")}>
           <input {...described("token-name", f("name"), true)} value={name} onInput={(e) => setName(e.currentTarget.value)} />
         </Field>
-        <Field id="token-days" label="Expires after (days)" hint="Empty: never." error={f("expires_in_days")}>
+        <Field id="token-days" label="Expires after (days)" hint="Empty: 90 days, the most for a token made here." error={f("expires_in_days")}>
           <input
             {...described("token-days", f("expires_in_days"), true)}
             type="number"

@@ -2,9 +2,10 @@
 nested (a dict's key or value, a list, inside a longer string or a URI), each is listed with its
 path, and innocent data comes out unchanged.
 
-The innocent data here is drawn from an alphabet without `e`, `k`, `p`, `s`, `z`, `_`, `-`,
-`=` or `:`, so it can spell no secret and no word that names one; each planted secret holds a
-capital letter or a symbol, so it cannot appear in the innocent data by chance.
+The innocent data here is drawn from an alphabet without `e`, `h`, `k`, `p`, `s`, `z`, `_`,
+`-`, `=` or `:`, so it can spell no secret and no word that names one (`auth`, `pass`); each
+planted secret holds a capital letter or a symbol, so it cannot appear in the innocent data by
+chance. The shapes are those a user puts a secret in: a spec's args, env, URIs and headers.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from hypothesis import strategies as st
 from einsora.common import logs
 from einsora.common.redaction import REDACTED, member_path, redact, redact_text, secret_named_by
 
-INNOCENT = "abcdfghijlmnoqrtuvwxy0123456789 ./"
+INNOCENT = "abcdfgijlmnoqrtuvwxy0123456789 ./"
 ALNUM = string.ascii_letters + string.digits
 URLSAFE = ALNUM + "_-"
 
@@ -72,6 +73,19 @@ secrets = st.one_of(
     _prefixed("agt_", URLSAFE, 20, "machine join token"),
     _prefixed("agk_", URLSAFE, 20, "machine credential"),
     _prefixed("ghp_", ALNUM, 20, "github token"),
+    _prefixed("gho_", ALNUM, 20, "github token"),
+    _prefixed("ghs_", ALNUM, 20, "github token"),
+    _prefixed("github_pat_", ALNUM + "_", 20, "github token"),
+    _prefixed("glpat-", URLSAFE, 20, "gitlab token"),
+    _prefixed("sk_live_", ALNUM, 16, "stripe key"),
+    _prefixed("rk_live_", ALNUM, 16, "stripe key"),
+    _prefixed("sk_test_", ALNUM, 16, "stripe key"),
+    _prefixed("xoxb-", ALNUM + "-", 10, "slack token"),
+    _prefixed("xoxp-", ALNUM + "-", 10, "slack token"),
+    _prefixed("AIza", URLSAFE, 33, "google api key"),
+    _prefixed("ya29.", URLSAFE, 20, "google oauth token"),
+    _prefixed("npm_", ALNUM, 34, "npm token"),
+    _prefixed("pypi-", URLSAFE, 60, "pypi token"),
     st.text(string.ascii_uppercase + string.digits, min_size=16, max_size=16).map(
         lambda c: Secret("AKIA" + c, "AKIA" + c, "aws access key id")
     ),
@@ -81,11 +95,46 @@ secrets = st.one_of(
         )
     ),
     _core(URLSAFE + "./+", 8).map(lambda c: Secret(f"Bearer {c}", c, "bearer credential")),
+    st.tuples(
+        st.sampled_from(["Authorization", "authorization", "Proxy-Authorization"]),
+        st.sampled_from(["Token", "Bot", "ApiKey", ""]),
+        _core(URLSAFE + "./+", 8),
+    ).map(
+        lambda p: Secret(
+            f"{p[0]}: {p[1]} {p[2]}".replace(":  ", ": "), p[2], "authorization header"
+        )
+    ),
+    st.tuples(
+        st.sampled_from(["X-Api-Key", "X-Auth-Token", "Private-Token", "api-key"]),
+        _core(URLSAFE, 6),
+    ).map(lambda p: Secret(f"{p[0]}: {p[1]}", p[1], "secret assignment")),
+    _core(URLSAFE, 8).map(lambda c: Secret(f"Cookie: session={c}; theme=dark", c, "cookie")),
+    _core(ALNUM, 16).map(
+        lambda c: Secret(f"https://{c}@git.example.org/org/repo.git", c, "token in a URI")
+    ),
+    st.tuples(_core(string.ascii_uppercase + string.digits, 8), _core(ALNUM, 20)).map(
+        lambda p: Secret(
+            f"https://hooks.slack.com/services/T{p[0]}/B{p[0]}/{p[1]}", p[1], "slack webhook"
+        )
+    ),
     st.tuples(st.sampled_from(["https", "s3", "postgresql", "redis"]), _core(PASSWORDS, 6)).map(
         lambda p: Secret(f"{p[0]}://ann:{p[1]}@db.example.org:5432/x", p[1], "password in a URI")
     ),
     st.tuples(
-        st.sampled_from(["token", "key", "sig", "access_token", "X-Amz-Signature"]),
+        st.sampled_from(
+            [
+                "token",
+                "key",
+                "sig",
+                "access_token",
+                "X-Amz-Signature",
+                "auth",
+                "api_key",
+                "apikey",
+                "client_secret",
+                "X-Goog-Credential",
+            ]
+        ),
         _core(URLSAFE + "%.", 6),
     ).map(
         lambda p: Secret(
@@ -93,8 +142,36 @@ secrets = st.one_of(
         )
     ),
     st.tuples(
-        st.sampled_from(["password", "DB_PASSWORD", "api_key", "secret"]), _core(PASSWORDS, 6)
-    ).map(lambda p: Secret(f"{p[0]}={p[1]}", p[1], "secret assignment")),
+        st.sampled_from(
+            [
+                "{}={}",  # a variable, as `env` or a shell writes it
+                "{} = {}",  # an ini file's
+                '{{"{}": "{}"}}',  # JSON written into a line
+                "--{}={}",  # a flag and its value
+            ]
+        ),
+        st.sampled_from(
+            [
+                "password",
+                "DB_PASSWORD",
+                "api_key",
+                "secret",
+                "PGPASSWORD",
+                "DB_PASS",
+                "ENCRYPTION_KEY",
+                "MYSQL_ROOT_PASSWORD",
+                "AUTH_TOKEN",
+                "aws_secret_access_key",
+                "SENTRY_DSN",
+                "hf-token",
+            ]
+        ),
+        _core(PASSWORDS, 6),
+    ).map(lambda p: Secret(p[0].format(p[1], p[2]), p[2], "secret assignment")),
+    st.tuples(
+        st.sampled_from(["api-key", "token", "password", "secret", "hf-token", "auth"]),
+        _core(PASSWORDS, 6),
+    ).map(lambda p: Secret(f"--{p[0]} {p[1]}", p[1], "secret flag")),
     st.lists(st.text(ALNUM + "+/", min_size=64, max_size=64), min_size=1, max_size=3).map(
         lambda lines: Secret(
             "-----BEGIN RSA PRIVATE KEY-----\n"
@@ -117,6 +194,14 @@ named_secrets = st.tuples(
             ("clientSecret", "secret"),
             ("Authorization", "authorization header"),
             ("private-key", "private key"),
+            ("PGPASSWORD", "password"),
+            ("DB_PASS", "password"),
+            ("ENCRYPTION_KEY", "encryption key"),
+            ("SENTRY_DSN", "connection string"),
+            ("BASIC_AUTH", "credential"),
+            ("X-Api-Key", "api key"),
+            ("Cookie", "cookie"),
+            ("accesskey", "access key"),
         ]
     ),
     _core(PASSWORDS, 6),
@@ -267,10 +352,144 @@ def test_paths_that_are_not_plain_names_are_quoted() -> None:
         ("token_id", None),
         ("secret_name", None),
         ("keyboard", None),
+        ("PGPASSWORD", "password"),
+        ("DB_PASS", "password"),
+        ("SMTPPASS", "password"),
+        ("ENCRYPTION_KEY", "encryption key"),
+        ("encryptionKey", "encryption key"),
+        ("X-Api-Key", "api key"),
+        ("secretkey", "secret key"),
+        ("AWS_SECRET_ACCESS_KEY", "secret"),
+        ("SENTRY_DSN", "connection string"),
+        ("connection_string", "connection string"),
+        ("BASIC_AUTH", "credential"),
+        ("X-Amz-Signature", "signature"),
+        ("set-cookie", "cookie"),
+        ("secrets", "secret"),
+        ("KEYBOARD", None),
+        ("key", None),
+        ("keys", None),
+        ("hotkey", None),
+        ("PUBLIC_KEY", None),
+        ("sort_key", None),
+        ("ssh_authorized_keys", None),
+        ("BYPASS", None),
+        ("passthrough", None),
+        ("author", None),
+        ("AUTH_URL", None),
+        ("password_file", None),
+        ("auth_mode", None),
+        ("HostKeyAlias", None),
+        ("KEY_VAULT", None),
+        ("API_KEY_B64", "api key"),
+        ("SIGNING_KEY_V2", "signing key"),
     ],
 )
 def test_which_keys_name_a_secret(key: str, kind: str | None) -> None:
     assert secret_named_by(key) == kind
+
+
+@SETTINGS
+@given(
+    st.sampled_from(["--api-key", "--token", "-password", "--hf-token", "--secret", "--auth"]),
+    _core(PASSWORDS, 6),
+)
+def test_the_value_after_a_secret_flag_in_a_list_of_args_is_redacted(flag: str, core: str) -> None:
+    args = ["serve", flag, core, "--port", "8080", "--model", "meta-llama/Llama-3-8B"]
+    clean, found = redact({"args": args})
+    assert clean["args"] == [*args[:2], REDACTED, *args[3:]]
+    assert [r["path"] for r in found] == ["$.args[2]"]
+
+
+def test_a_flag_followed_by_a_flag_has_no_value_to_redact() -> None:
+    args = ["serve", "--token", "--port", "8080", "--max-tokens", "512", "--api-key"]
+    assert redact({"args": args}) == ({"args": args}, [])
+
+
+@SETTINGS
+@given(named_secrets, st.sampled_from(["name", "key"]))
+def test_a_variable_listed_by_name_and_value_is_redacted(
+    named: tuple[tuple[str, str], str], field: str
+) -> None:
+    (key, kind), core = named
+    env = [{field: key, "value": core}, {field: "MODE", "value": "fast"}]
+    clean, found = redact({"env": env})
+    assert clean["env"] == [{field: key, "value": REDACTED}, {field: "MODE", "value": "fast"}]
+    assert found == [{"path": "$.env[0].value", "kind": kind}]
+
+
+@pytest.mark.parametrize(
+    ("line", "shown"),
+    [
+        (
+            "docker run -e PGPASSWORD=s3cr3t -e MODE=fast img",
+            "docker run -e PGPASSWORD=REDACTED -e MODE=fast img",
+        ),
+        ("Authorization: Basic dXNlcjpwYXNz", "Authorization: Basic REDACTED"),
+        (
+            "curl -H 'Authorization: Token abc123def456' -H 'X-Api-Key: 9f8e7d6c5b4a' x",
+            "curl -H 'Authorization: Token REDACTED' -H 'X-Api-Key: REDACTED' x",
+        ),
+        (
+            '["--api-key", "abc123", "--port", "8080"]',
+            '["--api-key", "REDACTED", "--port", "8080"]',
+        ),
+        ("{'DB_PASS': 'xyz', 'KEYBOARD': 'us'}", "{'DB_PASS': 'REDACTED', 'KEYBOARD': 'us'}"),
+        (
+            "AccountName=acct;AccountKey=AbC/dEf+123==;EndpointSuffix=core.windows.net",
+            "AccountName=acct;AccountKey=REDACTED;EndpointSuffix=core.windows.net",
+        ),
+        (
+            "SENTRY_DSN=https://abcdef0123456789abcdef0123456789@o1.ingest.sentry.io/4",
+            "SENTRY_DSN=REDACTED",
+        ),
+        ("--password 'my secret pw' --port 1", "--password 'REDACTED' --port 1"),
+    ],
+)
+def test_secrets_in_lines_as_people_write_them_are_redacted(line: str, shown: str) -> None:
+    assert redact_text(line) == shown
+
+
+ORDINARY = [
+    "--port 8080",
+    "serve --port 8080 --max-tokens 512 --model meta-llama/Llama-3-8B",
+    "PATH=/usr/local/bin:/usr/bin",
+    "KEYBOARD=us",
+    "MAX_TOKENS=512",
+    "TOKENIZER=gpt2",
+    "TOKEN_FILE=/run/secrets/hf",
+    "sort_key=created_at",
+    "BYPASS_CACHE=1",
+    "ssh://git@github.com/org/repo.git",
+    "https://ann@example.org/notes",
+    "https://huggingface.co/meta-llama/Llama-3-8B/resolve/main/config.json?download=true",
+    "https://example.org/search?q=keys&page=2",
+    "token: expired",
+    "https://example.org refused the join token: unknown, used up or expired",
+    "Rate limit reached for this key: 60 requests per minute",
+    "Owner token: /home/ann/.local/share/einsora/owner-token",
+    "Authorization: see the docs",
+    "send `Authorization: Bearer tsk_…`",
+    "authorized keys: 3",
+    "the cookie jar is empty",
+    "malformed session cookie: sign in again",
+    "One pass: (machine ids put, bucket keys deleted).",
+    "Reads a stream's events as they pass: usage, generated text",
+    "join again with `einsora agent join URL --token … --force`",
+    "-o HostKeyAlias=ann-workstation",
+    "passed 3 checks, bypassed 1",
+    "key w-01HX.2024-05-01T10:00 at its limit",
+]
+"""Text a spec, a reason or a log line holds that names no secret and holds none."""
+
+
+@pytest.mark.parametrize("text", ORDINARY)
+def test_ordinary_text_is_not_taken_for_a_secret(text: str) -> None:
+    assert redact_text(text) == text
+    assert redact({"notes": text, "key": text, "args": text.split()}) == (
+        {"notes": text, "key": text, "args": text.split()},
+        [],
+    )
 
 
 # --- log lines --------------------------------------------------------------------------------

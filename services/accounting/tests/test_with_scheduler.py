@@ -187,7 +187,13 @@ async def scheduler_on(
     suspect_after_s: float = 30.0,
     lost_after_s: float = 120.0,
 ) -> SchedulerService:
-    settings = Settings(nats_url=bus.url, database_url=url, region="local", data_dir=data_dir)
+    settings = Settings(
+        nats_url=bus.url,
+        database_url=url,
+        region="local",
+        data_dir=data_dir,
+        sim_machines=True,  # its machines report the sim driver
+    )
     service = SchedulerService(
         settings,
         tick_s=0.05,

@@ -15,7 +15,15 @@ from einsora.common.testing import Bus
 
 
 def settings_for(nats_url: str, database_url: str, data_dir: Path) -> Settings:
-    return Settings(nats_url=nats_url, database_url=database_url, data_dir=data_dir, region="local")
+    # Tests' machines join from this host, reached directly (no tunnel hub runs here): the
+    # operator of this test cell allows loopback for tenant admins' direct machines (ADR-0026).
+    return Settings(
+        nats_url=nats_url,
+        database_url=database_url,
+        data_dir=data_dir,
+        region="local",
+        direct_machine_networks="127.0.0.0/8,::1/128",
+    )
 
 
 @pytest_asyncio.fixture

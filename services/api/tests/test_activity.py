@@ -339,6 +339,14 @@ async def test_every_mutating_route_called_once_leaves_one_row(api_on_store: Run
     await calls.call(
         "end_session", ann_session, "DELETE", "/v1/sessions/current", tenant=acme, status=204
     )
+    # Offboarding (issue 34, N11): a role changed, a member's credentials revoked, a removal.
+    cy = f"/v1/tenants/{acme}/members/cy"
+    role = {"role": "admin"}
+    await calls.call("set_member_role", ann, "PATCH", cy, role, tenant=acme, status=200)
+    await calls.call(
+        "revoke_member_credentials", ann, "DELETE", f"{cy}/credentials", tenant=acme, status=200
+    )
+    await calls.call("remove_member", ann, "DELETE", cy, tenant=acme, status=200)
 
     assert {route for route, *_ in calls.made} == set(_mutating_routes()), "a route is not called"
     routes = _mutating_routes()

@@ -1,11 +1,9 @@
-"""Endpoint launches: the spec's check, safe weights at launch, replicas made and acted on
-together, and one live endpoint per name in a tenant (the gateway's model name)."""
+"""Endpoint launches: the spec's check (its weights: test_model_dirs), replicas made and acted
+on together, and one live endpoint per name in a tenant (the gateway's model name)."""
 
 from __future__ import annotations
 
 import json
-import pickle
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -55,23 +53,6 @@ async def test_a_bad_endpoint_spec_is_a_422_naming_the_field(api: RunningApi) ->
         assert "secret" not in json.dumps(answer.body)
         assert "s3cr3t" not in json.dumps(answer.body)
     assert (await api.owner.get("/v1/workloads")).body["items"] == []
-
-
-async def test_pickle_weights_on_the_apis_disk_are_refused_by_content(
-    api: RunningApi, tmp_path: Path
-) -> None:
-    disguised = tmp_path / "model.gguf"
-    disguised.write_bytes(pickle.dumps({"weights": [1, 2, 3]}))
-    answer = await api.owner.post(
-        "/v1/workloads", {**SIM, "spec": {"runtime": "llamacpp", "model": str(disguised)}}
-    )
-    assert answer.status == 422
-    assert answer.body["details"][0]["field"] == "spec.model"
-    assert answer.body["details"][0]["type"] == "weights_refused"
-    assert "pickle" in answer.body["message"]
-    # A path the api cannot see is the agent's to check.
-    elsewhere = await api.owner.post("/v1/workloads", _endpoint("remote"))
-    assert elsewhere.status == 201
 
 
 async def test_replicas_are_workloads_made_and_acted_on_with_their_endpoint(

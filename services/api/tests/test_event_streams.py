@@ -138,6 +138,7 @@ async def plane(bus: Bus, tmp_path: Path) -> AsyncIterator[Plane]:
         data_dir=tmp_path,
         region="local",
         api_stream_heartbeat_s=HEARTBEAT_S,
+        sim_machines=True,  # the scheduler places on the sim agent's machine
     )
     async with running_api(settings) as api:
         store = api.service.store

@@ -10,7 +10,8 @@ events and the gateway's token counts on the bus as they publish them.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from einsora.accounting.testing import (
 )
 from einsora.api.schemas.export import SCHEMA, json_schema_text
 from einsora.api.testing import Client, RunningApi, eventually, new_member, new_tenant
+from einsora.common import logs
 from einsora.common.schemas import CountSource, Placement, WorkloadState
 from einsora.common.settings import Settings
 from einsora.common.testing import Bus
@@ -313,3 +315,143 @@ async def test_without_accounting_the_export_says_usage_is_left_out(
     assert "accounting" in note
     assert [e["state"] for e in answer.body["timeline"]] == ["pending"]
     assert len(answer.body["redactions"]) == 3
+
+
+# --- the probe: twenty shapes of a secret in a spec -------------------------------------------
+
+AIZA = "AIza" + "SyPr0beGoogleMapsKey0123456789abcd"[:35]
+PROBE: list[tuple[str, str]] = [
+    ("$.workload.spec.command[2]", "Pr0be-pass-word"),
+    ("$.workload.spec.args[1]", "k3y-Pr0be-4f8a9c2e"),
+    ("$.workload.spec.args[2]", "Pr0beHfT0ken-77aa"),
+    ("$.workload.spec.env.PGPASSWORD", "pg-Pr0be-secret"),
+    ("$.workload.spec.env.DB_PASS", "dbPr0bePass9"),
+    ("$.workload.spec.env.ENCRYPTION_KEY", "b64Pr0beEncKey0123=="),
+    ("$.workload.spec.env.DATABASE_URL", "dsnPr0be9"),
+    ("$.workload.spec.env.GITLAB_DEPLOY", "glpat-Pr0beGitLab0123456789"),
+    ("$.workload.spec.env.STRIPE", "sk_live_Pr0beStripe0123456789ab"),
+    ("$.workload.spec.env.MAPS", AIZA),
+    ("$.workload.spec.env.ALERTS", "Pr0beSlackHook0123"),
+    ("$.workload.spec.env.AWS_ACCESS_KEY_ID", "AKIAPR0BE0123456789A"),
+    ("$.workload.spec.env.AWS_SECRET_ACCESS_KEY", "Pr0be/AwsSecret+0123456789abcdefghijklmn"),
+    ("$.workload.spec.env.OPENAI", "sk-proj-Pr0beOpenAi0123456789"),
+    ("$.workload.spec.model", "Pr0beUserT0ken0123456789"),
+    ("$.workload.spec.weights", "Pr0beQueryAuth42"),
+    ("$.workload.spec.headers[0]", "Pr0beDrfToken0123"),
+    ("$.workload.spec.headers[1]", "Pr0beXApiKey0123"),
+    ("$.workload.spec.headers[2]", "Pr0beBearer0123"),
+    ("$.workload.spec.headers[3]", "Pr0beCookie0123"),
+]
+"""Where each planted secret is listed in the export, and the secret."""
+_SECRET = dict(PROBE)
+PROBE_SPEC: dict[str, Any] = {
+    "image": "ghcr.io/example/server:1.2",
+    "command": [
+        "sh",
+        "-c",
+        f"serve --password {_SECRET['$.workload.spec.command[2]']} --port 8080",
+    ],
+    "args": [
+        "--api-key",
+        _SECRET["$.workload.spec.args[1]"],
+        f"--hf-token={_SECRET['$.workload.spec.args[2]']}",
+        "--model",
+        "meta-llama/Llama-3-8B",
+        "--max-tokens",
+        "512",
+    ],
+    "env": {
+        "PGPASSWORD": _SECRET["$.workload.spec.env.PGPASSWORD"],
+        "DB_PASS": _SECRET["$.workload.spec.env.DB_PASS"],
+        "ENCRYPTION_KEY": _SECRET["$.workload.spec.env.ENCRYPTION_KEY"],
+        "DATABASE_URL": (
+            f"postgresql://app:{_SECRET['$.workload.spec.env.DATABASE_URL']}@db.internal:5432/app"
+        ),
+        "GITLAB_DEPLOY": _SECRET["$.workload.spec.env.GITLAB_DEPLOY"],
+        "STRIPE": _SECRET["$.workload.spec.env.STRIPE"],
+        "MAPS": AIZA,
+        "ALERTS": (
+            "https://hooks.slack.com/services/T0PR0BE1/B0PR0BE2/"
+            + _SECRET["$.workload.spec.env.ALERTS"]
+        ),
+        "AWS_ACCESS_KEY_ID": _SECRET["$.workload.spec.env.AWS_ACCESS_KEY_ID"],
+        "AWS_SECRET_ACCESS_KEY": _SECRET["$.workload.spec.env.AWS_SECRET_ACCESS_KEY"],
+        "OPENAI": _SECRET["$.workload.spec.env.OPENAI"],
+        "PATH": "/usr/local/bin:/usr/bin",
+        "KEYBOARD": "us",
+        "MAX_TOKENS": "512",
+        "TOKENIZER": "gpt2",
+    },
+    "model": f"https://{_SECRET['$.workload.spec.model']}@git.example.org/org/weights.git",
+    "weights": (
+        "https://weights.example.org/m.gguf?revision=main&auth="
+        + _SECRET["$.workload.spec.weights"]
+    ),
+    "headers": [
+        f"Authorization: Token {_SECRET['$.workload.spec.headers[0]']}",
+        f"X-Api-Key: {_SECRET['$.workload.spec.headers[1]']}",
+        f"Authorization: Bearer {_SECRET['$.workload.spec.headers[2]']}",
+        f"Cookie: session={_SECRET['$.workload.spec.headers[3]']}; theme=dark",
+    ],
+}
+ORDINARY = ("--port 8080", "meta-llama/Llama-3-8B", "--max-tokens", "/usr/local/bin:/usr/bin")
+
+
+async def test_no_secret_of_the_probe_survives_the_export_and_each_is_listed(
+    shared_api: RunningApi,
+) -> None:
+    _, admin = await new_tenant(shared_api, "export-probe", "export-probe-admin")
+    made = await admin.post(
+        "/v1/workloads", {"kind": "notebook", "class": "cpu-1c-2g", "spec": PROBE_SPEC}
+    )
+    assert made.status == 201, made.text
+    answer = await admin.get(f"/v1/workloads/{made.body['id']}/export")
+    assert answer.status == 200, answer.text
+    _validate(answer.body)
+    text = json.dumps(answer.body)
+    survivors = [secret for _, secret in PROBE if secret in text]
+    assert survivors == []
+    listed = {r["path"] for r in answer.body["redactions"]}
+    assert sorted(path for path, _ in PROBE if path not in listed) == []
+
+    # What is not a secret reads as it was written.
+    spec = answer.body["workload"]["spec"]
+    assert spec["command"] == ["sh", "-c", "serve --password REDACTED --port 8080"]
+    assert spec["args"] == [
+        "--api-key",
+        "REDACTED",
+        "--hf-token=REDACTED",
+        *PROBE_SPEC["args"][3:],
+    ]
+    assert {k: spec["env"][k] for k in ("PATH", "KEYBOARD", "MAX_TOKENS", "TOKENIZER")} == {
+        "PATH": "/usr/local/bin:/usr/bin",
+        "KEYBOARD": "us",
+        "MAX_TOKENS": "512",
+        "TOKENIZER": "gpt2",
+    }
+    assert spec["model"] == "https://REDACTED@git.example.org/org/weights.git"
+    assert spec["weights"] == "https://weights.example.org/m.gguf?revision=main&auth=REDACTED"
+    assert spec["headers"][:3] == [
+        "Authorization: Token REDACTED",
+        "X-Api-Key: REDACTED",
+        "Authorization: Bearer REDACTED",
+    ]
+
+
+@pytest.mark.parametrize(
+    "formatter", [logs.JsonFormatter(), logs.HumanFormatter()], ids=["json", "human"]
+)
+@pytest.mark.parametrize("rendered", [json.dumps, str, None], ids=["json", "repr", "field"])
+def test_no_secret_of_the_probe_survives_a_log_line(
+    formatter: logging.Formatter, rendered: Callable[[Any], str] | None
+) -> None:
+    """The same spec logged by mistake: in the message (as JSON or as Python writes it), or
+    as a field."""
+    if rendered is None:
+        record = logging.makeLogRecord({"msg": "launching", "spec": PROBE_SPEC})
+    else:
+        record = logging.makeLogRecord({"msg": f"launching {rendered(PROBE_SPEC)}"})
+    line = formatter.format(record)
+    assert [secret for _, secret in PROBE if secret in line] == []
+    for ordinary in ORDINARY:
+        assert ordinary in line

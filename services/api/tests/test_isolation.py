@@ -40,6 +40,9 @@ ATTEMPTS: list[tuple[str, str, str, object]] = [
     ("GET", "/v1/tenants/{id}/invitations", "tenant_id", None),
     ("DELETE", "/v1/tenants/{id}/invitations/{invitation}", "tenant_id", None),
     ("GET", "/v1/tenants/{id}/members", "tenant_id", None),
+    ("PATCH", "/v1/tenants/{id}/members/{user}", "tenant_id", {"role": "member"}),
+    ("DELETE", "/v1/tenants/{id}/members/{user}", "tenant_id", None),
+    ("DELETE", "/v1/tenants/{id}/members/{user}/credentials", "tenant_id", None),
     ("GET", "/v1/tenants/{id}/limits", "tenant_id", None),
     ("PUT", "/v1/tenants/{id}/limits", "tenant_id", {"max_workloads": 1}),
     ("GET", "/v1/tenants/{id}/quota", "tenant_id", None),
@@ -118,6 +121,7 @@ async def test_another_tenants_objects_answer_404_on_every_route(api_on_store: R
         path = template.replace("{id}", getattr(victim, which))
         invitation = victim.machine_invitation_id if "/machines/" in template else None
         path = path.replace("{invitation}", invitation or victim.invitation_id)
+        path = path.replace("{user}", "victim-admin")
         answer = await intruder.call(method, path, body)
         assert answer.status == 404, (method, template, answer.status, answer.text)
         assert answer.body["error"] == "not_found"

@@ -20,7 +20,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from einsora.common import simtext
 from einsora.common.schemas import CountSource, SimEndpoint
-from einsora.common.testing import until
+from einsora.common.testing import Bus, until
 from einsora.gateway.testing import PINNED_NOW, Harness
 
 SYSTEM, USER = "You answer in few words.", "Name three colours, please!"
@@ -290,3 +290,24 @@ async def test_an_mlx_upstream_is_asked_for_its_own_model_not_the_endpoints_name
     async with harness.client(secret) as client:
         answer = await client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3)
     assert answer.choices[0].message.content == simtext.answer(SEED, 3)
+
+
+async def test_a_route_to_the_control_planes_own_port_is_never_followed(
+    harness: Harness, bus: Bus
+) -> None:
+    # Issue 34, N1 (ADR-0026): whatever wrote the route, a tenant's prompts never go to the
+    # bus's port, nor to the gateway's own.
+    nats_port = int(bus.url.rsplit(":", 1)[1])
+    await harness.route("bus", nats_port, wait=False)
+    await harness.route("itself", harness.gateway.port, wait=False)
+    await harness.replica("tiny")
+    secret, _key = await harness.key()
+    async with harness.client(secret) as client:
+        for _ in range(200):  # the good one's route is read after the two refused ones
+            listed = {m.id for m in (await client.models.list()).data}
+            if "tiny" in listed:
+                break
+            await asyncio.sleep(0.02)
+        assert listed == {"tiny"}
+        with pytest.raises(openai.NotFoundError):
+            await client.chat.completions.create(model="bus", messages=MESSAGES, max_tokens=2)

@@ -479,3 +479,43 @@ async def test_the_agent_allows_only_its_workloads_ports_on_loopback(
     finally:
         await agent.stop()
         hub.acceptor.close()
+
+
+async def test_a_route_is_refused_for_the_control_planes_ports_and_for_too_many(
+    rig: Rig, bus: Bus
+) -> None:
+    # Issue 34, N1 and N3 (ADR-0026): whatever wrote the route, the proxy does not follow one
+    # to its own ports or the bus's, and the hub opens no socket per port of a route that
+    # names thousands of them.
+    await rig.enrol()
+    await _connected(rig, rig.agent())
+    kv = await bus.js.key_value(names.ROUTES.name)
+    nats_port = int(bus.url.rsplit(":", 1)[1])
+
+    def route(port: int, **ports: int) -> Route:
+        return Route(
+            workload_id=new_id("workload"),
+            tenant_id="t-1",
+            kind=WorkloadKind.vm,
+            machine_id=rig.machine_id,
+            host="127.0.0.1",
+            port=port,
+            via_tunnel=True,
+            ports=ports,
+        )
+
+    own = route(rig.proxy.port)
+    bus_port = route(45000, ssh=nats_port)
+    many = route(45001, **{f"p{i}": 46000 + i for i in range(4000)})
+    fine = route(45002, ssh=45003)
+    for r in (own, bus_port, many, fine):
+        await kv.put(names.route_key(r.workload_id), r.to_bytes())
+    await until(lambda: rig.proxy.route(fine.workload_id) is not None, what="the fine route")
+    for refused in (own, bus_port, many):
+        assert rig.proxy.route(refused.workload_id) is None
+    sockets = rig.data_dir / "tunnel" / "sockets"
+    await until(
+        lambda: socket_path(sockets, rig.machine_id, 45003).exists(), what="the fine route's ssh"
+    )
+    # The first route's socket, and the fine one's two: nothing for the four thousand.
+    assert len(list(sockets.rglob("*"))) <= 8

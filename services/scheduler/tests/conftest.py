@@ -393,11 +393,21 @@ async def start_scheduler(bus: Bus) -> AsyncIterator[StartScheduler]:
     """Start a scheduler on the test's bus with a database URL and options; stopped at the end."""
     started: list[SchedulerService] = []
 
-    async def start(database_url: str, **options: Any) -> SchedulerService:
-        settings = Settings(nats_url=bus.url, database_url=database_url, region="local")
+    async def start(
+        database_url: str, *, settings: dict[str, Any] | None = None, **options: Any
+    ) -> SchedulerService:
+        """`settings` overrides the scheduler's Settings. Sim's machines report the `sim`
+        driver, so this cell allows sim machines unless `settings` says otherwise."""
+        fields: dict[str, Any] = {
+            "nats_url": bus.url,
+            "database_url": database_url,
+            "region": "local",
+            "sim_machines": True,
+            **(settings or {}),
+        }
         options.setdefault("tick_s", 0.1)
         options.setdefault("audit_s", 0.3)
-        service = SchedulerService(settings, **options)
+        service = SchedulerService(Settings(**fields), **options)
         await service.start()
         started.append(service)
         return service

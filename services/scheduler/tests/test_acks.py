@@ -27,7 +27,12 @@ async def test_an_intent_is_acked_once_stored_and_its_event_follows_when_the_bus
     await provision(js)
     sim = await sim_on(Bus(nc, js, own_nats_server.url))
     service = SchedulerService(
-        Settings(nats_url=own_nats_server.url, database_url=sqlite_url, region="local"),
+        Settings(
+            nats_url=own_nats_server.url,
+            database_url=sqlite_url,
+            region="local",
+            sim_machines=True,  # Sim's machines report the sim driver
+        ),
         tick_s=0.1,
         audit_s=0.3,
     )

@@ -39,7 +39,7 @@ def _mac(machine_id: str, gib: int) -> Inventory:
 
 
 def _book(*machines: Inventory) -> Book:
-    book = Book("local", CATALOG)
+    book = Book("local", CATALOG, sim_machines=True)
     for inventory in machines:
         machine = Machine(
             inventory.machine_id, "local", inventory, generation=1, owner_tenant="t-1"

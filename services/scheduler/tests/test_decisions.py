@@ -56,7 +56,9 @@ def _inventory(
 def _book(*machines: Inventory, owner_tenant: str | None = None, shared: bool = True) -> Book:
     """A book over these machines; `shared`: each is shared with a community pool, so every
     tenant may use the strongly isolated ones (the trust matrix's tests set their own)."""
-    book = Book("local", CATALOG, owner_tenant=owner_tenant, community_pool=shared)
+    book = Book(
+        "local", CATALOG, owner_tenant=owner_tenant, community_pool=shared, sim_machines=True
+    )
     for inventory in machines:
         machine = Machine(inventory.machine_id, "local", inventory, generation=1)
         if shared:

@@ -80,20 +80,26 @@ def test_the_driver_follows_the_kind_the_spec_and_the_trust(
     owner: bool,
     chosen: str | None,
 ) -> None:
-    choice = drivers.choose(_inventory("m-1", have), kind, spec, owner=owner)
+    inventory = _inventory("m-1", have)
+    choice = drivers.choose(inventory, kind, spec, owner=owner, sim_machines=True)
     assert (None if choice is None else choice.driver) == chosen
-    assert drivers.can_run(_inventory("m-1", have), kind, spec, owner=owner) is (chosen is not None)
+    can = drivers.can_run(inventory, kind, spec, owner=owner, sim_machines=True)
+    assert can is (chosen is not None)
 
 
 def test_why_none_fits_names_what_is_missing_or_too_weak() -> None:
     process_only = _inventory("m-1", ("process",))
-    vm = drivers.refusal(process_only, WorkloadKind.vm, {}, owner=True)
+    vm = drivers.refusal(process_only, WorkloadKind.vm, {}, owner=True, sim_machines=False)
     assert vm == "no driver here runs a vm (it needs libvirt; it has process)"
-    guest = drivers.refusal(process_only, WorkloadKind.notebook, {}, owner=False)
+    guest = drivers.refusal(
+        process_only, WorkloadKind.notebook, {}, owner=False, sim_machines=False
+    )
     assert guest == (
         "only weak isolation (process) for a notebook without a container image; guests need strong"
     )
-    asked = drivers.refusal(process_only, WorkloadKind.vm, {"driver": "docker"}, owner=True)
+    asked = drivers.refusal(
+        process_only, WorkloadKind.vm, {"driver": "docker"}, owner=True, sim_machines=False
+    )
     assert asked == "spec.driver docker cannot run a vm (it runs with libvirt)"
 
 

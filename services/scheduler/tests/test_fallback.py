@@ -59,7 +59,7 @@ def _inventory(machine_id: str, gpus: int = 0, model: str = "l40s", cpus: int = 
 
 
 def _book(*machines: Inventory, clock: ManualClock | None = None) -> Book:
-    book = Book("local", CATALOG, community_pool=True, clock=clock or utcnow)
+    book = Book("local", CATALOG, community_pool=True, sim_machines=True, clock=clock or utcnow)
     for inventory in machines:
         machine = Machine(inventory.machine_id, "local", inventory, generation=1)
         machine.sharing = SharingLevel.community
@@ -165,7 +165,7 @@ def test_a_class_step_places_on_the_next_class_and_says_why() -> None:
             "transition",
             "scheduled",
             "placed on m-a as a100-80gb, fallback step 1 of 1 (best fit: 2 of 2 a100-80gb free)"
-            "; given m-a-g0",
+            "; driver sim: nothing runs (a simulated machine); given m-a-g0",
         ),
     ]
     # Accounting meters the class it was placed as.
@@ -247,7 +247,7 @@ def test_the_next_region_carries_on_from_the_step_and_the_seq() -> None:
     local.regions["office"] = RegionStatus(region="office", at=utcnow(), period_s=5)
     w = _launch(local, _workload("l40s-48gb", {"region": "office"}, {"class": "cpu-2c-4g"}))
     [handoff] = local.changes.handoffs
-    office = Book("office", CATALOG, community_pool=True)
+    office = Book("office", CATALOG, community_pool=True, sim_machines=True)
     m = Machine("m-o", "office", _inventory("m-o", cpus=4), generation=1)
     m.sharing = SharingLevel.community
     office.add_machine(m, new=False)
@@ -352,7 +352,8 @@ def test_a_chain_of_three_where_only_the_last_fits() -> None:
         "l40s-48gb: none free in local (1 of 1 in use); trying a100-80gb",
         "a100-80gb: none free in local (1 of 1 in use); trying cpu-4c-16g",
         "placed on m-c as cpu-4c-16g, fallback step 2 of 2 "
-        "(best fit: 16 cores and 64 GiB of 16 cores and 64 GiB free)",
+        "(best fit: 16 cores and 64 GiB of 16 cores and 64 GiB free); driver sim: nothing runs "
+        "(a simulated machine)",
     ]
 
 

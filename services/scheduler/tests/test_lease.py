@@ -28,6 +28,7 @@ def _settings(bus: Bus, database_url: str, data_dir: Path) -> Settings:
         nats_url=bus.url,
         database_url=database_url,
         region="local",
+        sim_machines=True,  # Sim's machines report the sim driver
         data_dir=data_dir,
         scheduler_lease_s=LEASE_S,
         scheduler_tokens_key=data_dir.parent / "workload-tokens.key",

@@ -101,7 +101,10 @@ async def test_park_releases_devices_and_resume_prefers_the_same_machine(
     )
     assert resumed[0].placement is not None
     assert resumed[0].placement.machine == "m-1"
-    assert resumed[0].reason == "placed on m-1, which holds its working directory; given GPU-m-1-0"
+    assert resumed[0].reason == (
+        "placed on m-1, which holds its working directory; driver sim: nothing runs (a simulated "
+        "machine); given GPU-m-1-0"
+    )
     assert sim.entry(home, notebook).resources.gpus == ["GPU-m-1-0"]  # type: ignore[union-attr]
 
 

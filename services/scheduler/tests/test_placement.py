@@ -27,7 +27,8 @@ async def test_a_launch_is_placed_then_follows_the_agent_to_running(
     assert scheduled.placement.placed_class == "l40s-48gb"
     # The note names the device it was given, as `nvidia-smi -L` lists it.
     assert scheduled.reason == (
-        "placed on m-small (best fit: 2 of 2 l40s-48gb free); given GPU-m-small-0"
+        "placed on m-small (best fit: 2 of 2 l40s-48gb free); driver sim: nothing runs (a "
+        "simulated machine); given GPU-m-small-0"
     )
     assert scheduled.request_id == "req-launch-1"
     assert sim.event_headers[scheduled.event_id][names.REQUEST_ID_HEADER] == "req-launch-1"
@@ -97,8 +98,9 @@ async def test_a_cpu_class_books_cores_and_memory(
     third = await sim.launch("cpu-1c-2g")
 
     placed = await sim.wait_state(first, "scheduled")
-    assert (
-        placed.reason == "placed on m-cpu (best fit: 8 cores and 32 GiB of 8 cores and 32 GiB free)"
+    assert placed.reason == (
+        "placed on m-cpu (best fit: 8 cores and 32 GiB of 8 cores and 32 GiB free); driver sim: "
+        "nothing runs (a simulated machine)"
     )
     await sim.wait_state(second, "scheduled")
     queued = await sim.wait_state(third, "queued")

@@ -57,7 +57,8 @@ class Schedulers:
             "--log-format",
             "text",
         ]
-        self.procs[region] = subprocess.Popen(command, stdout=log, stderr=log, env=subprocess_env())
+        env = subprocess_env(EINSORA_SIM_MACHINES="true")  # Sim's machines report sim
+        self.procs[region] = subprocess.Popen(command, stdout=log, stderr=log, env=env)
 
     def kill(self, region: str) -> None:
         proc = self.procs.pop(region)

@@ -103,8 +103,10 @@ async def test_sigkill_during_a_burst_of_launches_places_each_exactly_once(
     ]
     log_file = (tmp_path / "scheduler.log").open("ab")
 
+    env = subprocess_env(EINSORA_SIM_MACHINES="true")  # Sim's machines report the sim driver
+
     def spawn() -> subprocess.Popen[bytes]:
-        return subprocess.Popen(command, stdout=log_file, stderr=log_file, env=subprocess_env())
+        return subprocess.Popen(command, stdout=log_file, stderr=log_file, env=env)
 
     def scheduled() -> int:
         return sum(1 for w in sim.events if sim.event(w, "scheduled"))
@@ -238,7 +240,12 @@ async def test_a_nats_restart_mid_flight_loses_nothing(
     await provision(js)
     sim = await sim_on(Bus(nc, js, own_nats_server.url))
     service = SchedulerService(
-        Settings(nats_url=own_nats_server.url, database_url=sqlite_url, region="local"),
+        Settings(
+            nats_url=own_nats_server.url,
+            database_url=sqlite_url,
+            region="local",
+            sim_machines=True,  # Sim's machines report the sim driver
+        ),
         tick_s=0.1,
         audit_s=0.3,
     )
@@ -368,7 +375,12 @@ async def test_a_reread_that_fails_is_tried_again(
     await provision(js)
     sim = await sim_on(Bus(nc, js, own_nats_server.url))
     service = SchedulerService(
-        Settings(nats_url=own_nats_server.url, database_url=postgres_url, region="local"),
+        Settings(
+            nats_url=own_nats_server.url,
+            database_url=postgres_url,
+            region="local",
+            sim_machines=True,  # Sim's machines report the sim driver
+        ),
         tick_s=0.1,
         audit_s=0.3,
     )

@@ -51,7 +51,7 @@ def _book() -> Book:
         gpus=[Gpu(index=0, uuid="GPU-0", model="NVIDIA L40S", memory_mib=46068)],
         drivers=["sim"],
     )
-    book = Book("local", CATALOG)
+    book = Book("local", CATALOG, sim_machines=True)
     machine = Machine(MACHINE, "local", inventory, generation=1, owner_tenant="t-1")
     book.add_machine(machine, new=False)
     return book

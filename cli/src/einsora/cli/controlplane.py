@@ -198,6 +198,9 @@ class ControlPlane:
         if s.machine_owner_tenant is None:
             # This machine is the owner's: weak isolation (`process`) runs its tenant only.
             s = s.model_copy(update={"machine_owner_tenant": owner})
+        if self._agent_driver == "sim":
+            # The operator chose a sim agent: this cell allows sim machines (issue 34, N9).
+            s = s.model_copy(update={"sim_machines": True})
         self.settings = s
         if owner is not None:  # api.start() made the owner, so it is always there
             await self._enrol_own_machines(owner)

@@ -1,6 +1,6 @@
 """The API client commands of `einsora`: launch, ls, show, events, park, resume, rm, open,
 ssh, export, tokens, keys, endpoints, classes, regions, machines, usage, quota, activity,
-dashboard, login.
+members, dashboard, login.
 
 Exit codes: 0 success, 1 the API refused (its message and request ID are printed), 2 a usage
 error, 3 the API cannot be reached (the URL tried is printed), 141 the output's reader went away
@@ -21,6 +21,7 @@ from einsora.cli.commands import (
     endpoints,
     keys,
     machines,
+    members,
     ssh,
     tokens,
     usage,
@@ -74,6 +75,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         endpoints,
         usage,
         activity,
+        members,
         machines,
         catalog,
         dashboard,

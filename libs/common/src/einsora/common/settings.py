@@ -46,6 +46,14 @@ class Settings(BaseSettings):
         "Solo sets it to <data_dir>/bus and makes the seeds (ADR-0009).",
     )
     region: str = "local"
+    # Issue 34, N1 (ADR-0026): who may enrol machines reached directly.
+    direct_machine_networks: str = Field(
+        default="",
+        description="Networks (CIDRs, comma-separated) from which a tenant admin's machines may "
+        "join to be reached directly (`tunnel: false`): the control plane then connects to the "
+        "address a machine joined from. Unset: only the operator makes tokens for direct "
+        "machines",
+    )
     gpu_inventory: Path | None = Field(
         default=None,
         description="The agent reads this machine's NVIDIA GPUs from this NVML snapshot file "
@@ -72,6 +80,14 @@ class Settings(BaseSettings):
         description="This instance runs a community pool: machines shared with `community` take "
         "any tenant's workloads (with strong isolation). Unset: community sharing counts as "
         "invite-only",
+    )
+    # Issue 34, N9: the drivers a machine may claim come from the operator.
+    sim_machines: bool = Field(
+        default=False,
+        description="This cell allows sim machines (the `sim` driver runs nothing): for tests, "
+        "benchmarks and Solo's own sim agent. Unset: a machine that reports `sim` has that "
+        "driver ignored, so no workload is placed there with it. Solo sets it when it runs "
+        "a sim agent",
     )
     api_port: int = Field(default=8080, ge=0, le=65535)
     proxy_port: int = Field(default=8081, ge=0, le=65535)
@@ -127,6 +143,38 @@ class Settings(BaseSettings):
         description="auto: human lines on a terminal, JSON lines otherwise; text = human",
     )
 
+    # Issue 34, N13 (no file oracle) and N14 (downloads are bounded).
+    model_dirs: str = Field(
+        default="",
+        pattern=r"^(/[^:]*(:/[^:]*)*)?$",
+        description="The api: directories (absolute, separated by ':') where it checks an "
+        "endpoint's spec.model at launch (Solo, or a disk it shares with the machines). A path "
+        "anywhere else is the user's word, checked by the agent that runs it. Unset: the api "
+        "looks at no local path",
+    )
+    agent_download_allow: str = Field(
+        default="",
+        description="The agent: networks (CIDR, comma-separated) model and VM-image downloads "
+        "may reach although they are not public (loopback, private, link-local...), e.g. "
+        "10.20.0.0/16 for a mirror on the machine's own network: its owner's choice. Unset: "
+        "public addresses only",
+    )
+    agent_model_download_max_gib: float = Field(
+        default=64.0,
+        gt=0,
+        description="The agent: the largest model download, in GiB (larger: refused, or cut)",
+    )
+    agent_image_download_max_gib: float = Field(
+        default=64.0,
+        gt=0,
+        description="The agent: the largest VM image, kernel or initrd download, in GiB",
+    )
+
+    @property
+    def model_dir_paths(self) -> tuple[Path, ...]:
+        """`model_dirs`, each normalised (`..` and `.` resolved by name, not on disk)."""
+        return tuple(Path(os.path.normpath(d)) for d in self.model_dirs.split(":") if d)
+
     @property
     def effective_tunnel_sockets_dir(self) -> Path:
         return self.tunnel_sockets_dir or self.data_dir / "tunnel" / "sockets"
@@ -145,13 +193,31 @@ class Settings(BaseSettings):
     api_requests_per_minute: int = Field(
         default=1200,
         ge=0,
-        description="Requests one API token may make per minute (429 with Retry-After past it); "
-        "0: no limit",
+        description="Requests one user may make per minute in a tenant, all their API tokens "
+        "and dashboard sessions together (429 with Retry-After past it); 0: no limit",
     )
     api_launches_per_minute: int = Field(
         default=300,
         ge=0,
-        description="Launches (POST /v1/workloads) one API token may make per minute; 0: no limit",
+        description="Launches (POST /v1/workloads) one user may make per minute in a tenant, all "
+        "their API tokens and dashboard sessions together; 0: no limit",
+    )
+    # Issue 34, N6 (request heads are bounded) and N15 (routes that take no token are limited).
+    api_header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description="Seconds a request's head (request line and headers) may take to arrive "
+        "whole, from its first byte or the connection's opening: slower is answered 408 and "
+        "closed (a connection that sent nothing is just closed)",
+    )
+    api_unauthenticated_requests_per_minute: int = Field(
+        default=120,
+        ge=0,
+        description="Requests one client address (an IPv6 one by its /64) may make per minute "
+        "to the routes that take no API token (sign-in, joins, invitations; not /readyz), 429 "
+        "past it; the connection's address, or what a proxy of trusted_proxies forwarded; "
+        "0: no limit",
     )
     tenant_max_workloads: int = Field(
         default=100,
@@ -214,7 +280,8 @@ class Settings(BaseSettings):
         default=8,
         ge=1,
         le=1000,
-        description="Event streams one API token may hold open on one api replica (429 past it)",
+        description="Event streams one user may hold open in a tenant on one api replica, all "
+        "their API tokens and dashboard sessions together (429 past it)",
     )
 
     # the dashboard (ADR-0019)
@@ -239,6 +306,22 @@ class Settings(BaseSettings):
         default=None,
         description="The inference gateway's OpenAI base URL as clients reach it (the "
         "dashboard's code snippets name it); unset: http://<dashboard host>:<gateway_port>/v1",
+    )
+
+    # Issue 34, N5 and N12 (sign-in lockout, token count): whose X-Forwarded-For the api
+    # believes, and how many live API tokens one user may hold.
+    trusted_proxies: str = Field(
+        default="",
+        description="Comma-separated addresses or CIDRs of the proxies in front of the api "
+        "whose X-Forwarded-For and X-Forwarded-Proto it believes (e.g. 10.0.0.0/8,127.0.0.1); "
+        "unset: none, and the client is the address the connection came from",
+    )
+    api_tokens_per_user: int = Field(
+        default=50,
+        ge=1,
+        le=100_000,
+        description="Live API tokens (neither revoked nor expired) one user may hold, across "
+        "tenants; the next is refused with a 409 until one is revoked",
     )
 
     activity_retention_days: int = Field(

@@ -22,7 +22,18 @@ ENTER_PATH = "/_einsora/enter"
 """Where a site redeems an access ticket (`?ticket=…`)."""
 
 DASHBOARD_COOKIE = "einsora_session"
-"""The dashboard's session cookie: never forwarded to a workload."""
+"""The dashboard's session cookie over plain HTTP: never forwarded to a workload."""
+
+DASHBOARD_TLS_COOKIE = "__Host-" + DASHBOARD_COOKIE
+"""The dashboard's session cookie over TLS. Browsers take a `__Host-` cookie only from a secure
+origin, Secure, host-only and for path /, so no other site, not even one under the same parent
+domain (a workload's), can set one the dashboard would read."""
+
+
+def dashboard_cookie(tls: bool) -> str:
+    """The name of the dashboard's session cookie, served over TLS or not (browsers refuse a
+    `__Host-` cookie without Secure, which plain HTTP cannot have)."""
+    return DASHBOARD_TLS_COOKIE if tls else DASHBOARD_COOKIE
 
 
 @dataclass(frozen=True)

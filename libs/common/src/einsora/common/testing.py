@@ -149,6 +149,8 @@ async def enrol(
             "sharing": sharing,
             "guests": list(guests),
             "tunnel": tunnel,
+            # A direct machine here is on this host, as the control plane's own are.
+            "address": None if tunnel else "127.0.0.1",
             "revoked_at": utcnow() if revoked else None,
             **fields,
         }

@@ -2,7 +2,8 @@
 
 A message that does not parse, came on another subject than its content names, or holds a
 field too long for the tables (or a NUL, which Postgres refuses) is poison: the consumer
-terminates it at once with the reason, rather than retrying it for ever.
+terminates it at once with the reason, rather than retrying it for ever. A token count that is
+not a whole number from 0 to `MAX_TOKEN_COUNT` does not parse (`TokenUsage`).
 """
 
 from __future__ import annotations

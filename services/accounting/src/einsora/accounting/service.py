@@ -25,9 +25,9 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 from pydantic import ValidationError
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DataError, SQLAlchemyError
 
-from einsora.accounting.intake import event_of, token_usage_of
+from einsora.accounting.intake import BadMessage, event_of, token_usage_of
 from einsora.accounting.metrics import AccountingMetrics
 from einsora.accounting.publisher import DEBOUNCE_S, PERIOD_S, UsagePublisher
 from einsora.accounting.reports import fitted
@@ -271,6 +271,11 @@ class AccountingService:
         usages = [token_usage_of(m) for m in msgs]
         try:
             await self.store.add_token_usage(usages)
+        except (DataError, OverflowError) as exc:
+            # A number the store cannot hold is the message's fault, not the store's: retried,
+            # it would fail the same way for ever. (A batch is then taken one by one, and only
+            # the message at fault is terminated.)
+            raise BadMessage(f"a count the store cannot hold ({type(exc).__name__})") from exc
         except SQLAlchemyError as exc:
             raise EinsoraError(f"store unavailable: {exc!r}", retryable=True) from exc
 

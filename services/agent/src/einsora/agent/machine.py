@@ -21,8 +21,9 @@ from datetime import datetime
 from pathlib import Path
 
 import nats.errors
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError, NotFoundError
+from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
@@ -35,7 +36,8 @@ from einsora.agent.reclaim import LocalReclaim, is_guest
 from einsora.agent.records import RecordStore
 from einsora.agent.supervisor import Timing, WorkloadSupervisor
 from einsora.common import telemetry
-from einsora.common.bus import names, watch_key
+from einsora.common.bus import names
+from einsora.common.bus.key_subscription import subscribe_key
 from einsora.common.schemas import (
     DesiredState,
     Inventory,
@@ -85,7 +87,7 @@ class MachineAgent:
         self.applied: int | None = None
         self.supervisors: dict[str, WorkloadSupervisor] = {}
         self.rejected: dict[str, ObservedWorkload] = {}
-        self._sub: JetStreamContext.PushSubscription | None = None
+        self._sub: Subscription | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._resync_task: asyncio.Task[None] | None = None
         self._desired_key = names.desired_key(machine_id)
@@ -211,11 +213,11 @@ class MachineAgent:
         self.kv = kv
 
     async def rewatch(self) -> None:
-        """(Re)create the pinned watch on this machine's desired key, then read it directly.
+        """(Re)subscribe to this machine's desired key, then read it directly.
 
-        The consumer's name is pinned, so one left by a killed agent is deleted first. The
-        subscription exists before the direct get (no change can fall between them), and its
-        messages are handled only after that first, consistent read.
+        A plain subscription, no consumer (ADR-0028). The subscription exists before the direct
+        get (no change can fall between them), and its messages are handled only after that
+        first, consistent read.
         """
         if self._watch_task is not None:
             self._watch_task.cancel()
@@ -223,10 +225,7 @@ class MachineAgent:
                 await self._watch_task
             self._watch_task = None
         await self._unsubscribe()
-        consumer = names.desired_watch_consumer(self.machine_id)
-        with contextlib.suppress(NotFoundError):
-            await self.js.delete_consumer(names.MACHINES.stream, consumer)
-        sub = await watch_key(self.js, names.MACHINES, self._desired_key, consumer)
+        sub = await subscribe_key(self.js, names.MACHINES, self._desired_key)
         self._sub = sub
         await self.resync()
         self._watch_task = asyncio.create_task(self._watch(sub), name=f"watch {self.machine_id}")
@@ -248,7 +247,7 @@ class MachineAgent:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
 
-    async def _watch(self, sub: JetStreamContext.PushSubscription) -> None:
+    async def _watch(self, sub: Subscription) -> None:
         async for msg in sub.messages:
             op = (msg.headers or {}).get("KV-Operation")
             if op in _DELETE_OPS:

@@ -46,6 +46,7 @@ from einsora.agent import (
     sim_inventory,
     workload_python,
 )
+from einsora.agent.downloads import DownloadPolicy
 from einsora.agent.drivers import Driver, ProcessDriver, ProcessOptions, SimDriver, SimOptions
 from einsora.agent.drivers.container import DockerDriver, DockerOptions
 from einsora.agent.drivers.registry import DriverSet
@@ -160,16 +161,20 @@ class AgentService:
         self.inventory_s = inventory_s
         self.provision_bus = provision_bus
         self.timing = Timing(grace_s=grace_s, start_timeout_s=start_timeout_s)
+        self.downloads = DownloadPolicy.of(settings)
+        """What model and image downloads may reach and bring: the machine owner's settings."""
         self.driver: Driver
         if driver == "sim":
             self.driver = SimDriver(
                 SimOptions(start_delay_s=sim_start_delay_s, fail_rate=sim_fail_rate)
             )
         else:
-            options = ProcessOptions(poll_s=poll_s, gpus=self._gpus)
+            options = ProcessOptions(poll_s=poll_s, gpus=self._gpus, downloads=self.downloads)
             python = python or _workload_python(options)
             if python is not None:
-                options = ProcessOptions(python=python, poll_s=poll_s, gpus=self._gpus)
+                options = ProcessOptions(
+                    python=python, poll_s=poll_s, gpus=self._gpus, downloads=self.downloads
+                )
             self.driver = ProcessDriver(options)
         # Engines (libvirt, Docker) back drivers of their own beside `process`; sim has none.
         self.engines = None if driver == "sim" else (engines or EngineOptions())
@@ -358,6 +363,7 @@ class AgentService:
                         poll_s=poll_s,
                         workdirs=self.settings.data_dir / "workloads",
                         gpu_addresses=self._passthrough_addresses,
+                        downloads=self.downloads,
                     )
                 )
             )

@@ -26,7 +26,7 @@ from typing import Final
 
 from opentelemetry.trace import Span
 
-from einsora.agent import observability
+from einsora.agent import downloads, observability
 from einsora.agent.converge import Goal
 from einsora.agent.drivers import Driver, Handle, StartFailed
 from einsora.agent.drivers.registry import DriverSet
@@ -345,7 +345,9 @@ class WorkloadSupervisor:
         self._set(ObservedPhase.starting)
         span = self._span("start")
         try:
-            handle = await self.driver.start(desired, self.workdir)
+            # A download on the way says how far it got, as the reason it is starting.
+            with downloads.reporting_to(lambda said: self._set(ObservedPhase.starting, said)):
+                handle = await self.driver.start(desired, self.workdir)
         except StartFailed as exc:
             self._acted("start", span, exc)
             self._may_start = False

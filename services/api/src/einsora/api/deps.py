@@ -70,7 +70,8 @@ async def _authenticated(request: Request, *, launch: bool) -> Call:
     scope = request.scope
     ctx: ApiContext = request.app.state.ctx
     authorization = request.headers.get("authorization")
-    if authorization is None and (secret := session_cookie(scope)) is not None:
+    secret = session_cookie(scope, ctx.settings.public_url) if authorization is None else None
+    if secret is not None:
         principal = await _session(scope, ctx, secret)
     else:
         principal = await authenticate(ctx.store, authorization, ctx.tokens, now=ctx.clock())
@@ -148,8 +149,10 @@ async def launching(request: Request) -> Call:
 
 async def context(request: Request) -> ApiContext:
     """The ApiContext the app was made over, for a route that authenticates no one (its
-    action is armed without a caller: the route's service names who acts, `activity_actor`)."""
+    action is armed without a caller: the route's service names who acts, `activity_actor`),
+    within its client address's rate limit (`limits.RateLimits.check_address`)."""
     ctx: ApiContext = request.app.state.ctx
+    await request.app.state.rate_limits.check_address(request.scope)
     action: Action | None = request.scope.get(ACTION_SCOPE_KEY)
     if action is not None:
         _arm(action, request.scope, ctx)
@@ -240,7 +243,8 @@ ERROR_TEXT = {
     409: "The object's state or an existing object forbids this",
     413: f"Body over {MAX_BODY_BYTES // 1024} KiB",
     422: "A field breaks the schema; `details` names it",
-    429: "Over a rate limit of this API token (`details` names it); retry after `Retry-After` s",
+    429: "Over a rate limit of your account, or of your address where no token is taken "
+    "(`details` names it); retry after `Retry-After` s",
     503: "The store or the bus cannot answer now",
 }
 

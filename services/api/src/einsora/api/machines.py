@@ -5,9 +5,12 @@ its store) and the `machines` bucket's inventory and observed keys (desired valu
 scheduler's and can be large) with `KvMirror`s, and keeps the latest of each in memory for
 `/v1/machines`, `/v1/classes` and `/v1/regions`. Each inventory teaches the catalog the classes
 derived from its devices (automatic and MIG classes), so a launch may name them as soon as a machine
-offers them. A value that does not parse is logged and skipped. The mirrors re-read their buckets
-after a reconnect and on a period, so a restarted server's lost consumer never leaves the view stale
-for ever.
+offers them. A value that does not parse, or is over its limits (an inventory over
+`Inventory.MAX_BYTES` is not even parsed), is skipped and said in one log line naming the machine
+until it sends a readable one. A machine's values are read at a bounded pace, the latest kept
+(`Pacer`): one machine rewriting its keys in a loop costs the api one parse per interval (issue
+34, N7). The mirrors re-read their buckets after a reconnect and on a period, so a restarted
+server's lost consumer never leaves the view stale for ever.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from nats.js import JetStreamContext
 from pydantic import ValidationError
 
 from einsora.common.bus import KvMirror, names
+from einsora.common.bus.pace import MACHINE_REPORT_EVERY_S, Pacer
 from einsora.common.catalog import Catalog
 from einsora.common.schemas import Enrolment, Inventory, ObservedPhase, ObservedState
+from einsora.common.schemas.base import what_is_wrong
 
 log = logging.getLogger("einsora.api.machines")
 
@@ -71,6 +76,11 @@ class MachinesView:
         self._records: dict[str, MachineRecord] = {}
         self._mirror: KvMirror | None = None
         self._enrolments: KvMirror | None = None
+        self._pacer: Pacer[str, bytes | None] = Pacer(
+            self._apply_now, lambda key: MACHINE_REPORT_EVERY_S[key.rsplit(".", 1)[-1]]
+        )
+        self._refused: set[str] = set()
+        """Keys whose latest value was refused: said once, until a readable one comes."""
 
     def snapshot(self) -> list[MachineRecord]:
         """Every machine known now, by id."""
@@ -105,6 +115,7 @@ class MachinesView:
             if mirror is not None:
                 await mirror.stop()
         self._mirror = self._enrolments = None
+        self._pacer.clear()
 
     def apply_enrolment(self, machine_id: str, value: bytes | None) -> None:
         """Take one enrolment (None: deleted) into the view."""
@@ -118,22 +129,40 @@ class MachinesView:
             del self._records[machine_id]
 
     def apply(self, key: str, value: bytes | None) -> None:
-        """Take one KV entry (None: deleted) into the view."""
+        """Take one KV entry (None: deleted) into the view, at its machine's pace."""
         try:
-            machine_id, kind = names.split_machine_key(key)
+            _, kind = names.split_machine_key(key)
         except ValueError:
             return
-        if kind not in _KINDS:
-            return
+        if kind in _KINDS:
+            self._pacer.offer(key, value)
+
+    def _apply_now(self, key: str, value: bytes | None) -> None:
+        machine_id, kind = names.split_machine_key(key)
         record = self._records.setdefault(machine_id, MachineRecord(machine_id))
         try:
             if kind == "inventory":
-                record.inventory = Inventory.from_bytes(value) if value else None
-                if record.inventory is not None and self.catalog is not None:
-                    self.catalog.learn(record.inventory)
+                if value and len(value) > Inventory.MAX_BYTES:
+                    raise ValueError(
+                        f"the inventory is {len(value)} bytes, over the {Inventory.MAX_BYTES} "
+                        "an inventory may have"
+                    )
+                inventory = Inventory.from_bytes(value) if value else None
+                record.inventory = inventory
+                if inventory is not None and self.catalog is not None:
+                    self.catalog.learn(inventory)
             else:
                 record.observed = ObservedState.from_bytes(value) if value else None
-        except ValidationError as exc:
-            log.warning("unreadable machine value skipped", extra={"key": key, "error": str(exc)})
+        except ValueError as exc:  # a ValidationError too
+            if key not in self._refused:
+                self._refused.add(key)
+                error = what_is_wrong(exc) if isinstance(exc, ValidationError) else str(exc)
+                log.warning(
+                    "a machine's value skipped (unreadable, or over its limits) until it sends "
+                    "a readable one",
+                    extra={"machine_id": machine_id, "key": key, "error": error[:1000]},
+                )
+        else:
+            self._refused.discard(key)
         if record.empty:
             del self._records[machine_id]

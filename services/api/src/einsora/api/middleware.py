@@ -1,12 +1,15 @@
 """The edge of every HTTP request: its request ID, its body's limit, its log context, its
-metrics, its access log; and the JSON answer to bytes that are not HTTP at all.
+metrics, its access log, and the headers every answer carries. (Its head's limits, and the
+answer to bytes that are not HTTP at all, come before it: `protocols.py`.)
 
 An incoming `X-Request-ID` is kept only if it is short and safe (it ends up in logs and message
 headers); otherwise a new one is made. Every response carries it, and every log line written
 while handling the request has it (with the tenant and subject once authenticated, which the
 principal's dependency binds with `bind_log_context`). Pure ASGI, so it adds no task or
 buffering per request. A failure the app's exception handlers did not answer is answered here,
-as a 500 with the error body and the request ID (`errors.api_error_of`).
+as a 500 with the error body and the request ID (`errors.api_error_of`). Every answer says
+`X-Content-Type-Options: nosniff`: a JSON error that quotes what a caller sent must never be
+taken by a browser for a page or a script.
 
 A mutating request (POST, PUT, PATCH, DELETE) gets its activity-log action here, bound for the
 request and armed by the route's dependency (`store.py` says how it is written); the edge
@@ -27,27 +30,13 @@ import re
 import time
 from contextlib import ExitStack
 
-import h11
 from opentelemetry import trace
-
-try:
-    import httptools
-except ImportError:  # the api's dependency, but uvicorn runs without it too
-    httptools = None  # type: ignore[assignment]
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from uvicorn.protocols.http.h11_impl import H11Protocol
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from einsora.api.errors import (
-    ApiError,
-    BadRequest,
-    PayloadTooLarge,
-    api_error_of,
-    error_body,
-    error_response,
-)
+from einsora.api.errors import ApiError, BadRequest, PayloadTooLarge, api_error_of, error_response
 from einsora.api.metrics import UNMATCHED, ApiMetrics
+from einsora.api.protocols import FRAMED_TWICE
 from einsora.api.store import Action, bound, settle
 from einsora.common import logs, telemetry
 from einsora.common.ids import new_id
@@ -97,7 +86,7 @@ def _refusal(headers: list[tuple[bytes, bytes]]) -> ApiError | None:
             chunked = True
     error: ApiError | None = None
     if length is not None and chunked:
-        error = BadRequest(_FRAMED_TWICE, code="ambiguous_framing")
+        error = BadRequest(FRAMED_TWICE, code="ambiguous_framing")
     elif length is not None and not length.isdigit():  # h11 lets none through; others may
         error = BadRequest("Content-Length must be a number of bytes", code="malformed_request")
     if error is not None:
@@ -147,7 +136,9 @@ class EdgeMiddleware:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 responded = True
-                MutableHeaders(scope=message).append("X-Request-ID", request_id)
+                headers = MutableHeaders(scope=message)
+                headers.append("X-Request-ID", request_id)
+                headers.setdefault("X-Content-Type-Options", "nosniff")
                 if action is not None and action.armed:
                     await settle(action, status)  # before the caller can read the log
             await send(message)
@@ -195,88 +186,3 @@ class EdgeMiddleware:
                         status,
                         extra={"status": status, "ms": round(elapsed * 1000, 2)},
                     )
-
-
-_FRAMED_TWICE = "the body is framed twice (Content-Length and Transfer-Encoding); send one"
-
-
-def _malformed_request(
-    *, framed_twice: bool = False
-) -> tuple[str, bytes, list[tuple[bytes, bytes]]]:
-    """The api's answer to bytes that are not HTTP/1.1: a request ID, a JSON body, headers."""
-    request_id = new_id("request")
-    error = (
-        BadRequest(_FRAMED_TWICE, code="ambiguous_framing")
-        if framed_twice
-        else BadRequest(
-            "malformed HTTP request: its request line, a header or the body's framing is not "
-            "valid HTTP/1.1 (a Content-Length that is not a number of bytes, say)",
-            code="malformed_request",
-        )
-    )
-    body = error_body(error, request_id)
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close"),
-        (b"x-request-id", request_id.encode()),
-    ]
-    with logs.bind(request_id=request_id):
-        log.info("malformed HTTP request refused", extra={"status": 400})
-    return request_id, body, headers
-
-
-class EdgeH11Protocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol on h11, answering what h11 cannot parse (a negative
-    Content-Length, a malformed header) with the api's JSON error and a request ID instead of
-    plain text."""
-
-    def send_400_response(self, msg: str) -> None:
-        _, body, headers = _malformed_request()
-        try:
-            for event in (
-                h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
-                h11.Data(data=body),
-                h11.EndOfMessage(),
-            ):
-                self.transport.write(self.conn.send(event))
-        except h11.LocalProtocolError:
-            pass  # a response was under way already: closing is all that is left
-        self.transport.close()
-
-
-class EdgeHttpToolsProtocol(HttpToolsProtocol):
-    """The same on httptools (llhttp), the faster parser uvicorn uses where it is installed.
-
-    llhttp refuses a body framed twice itself (h11 lets it through to `EdgeMiddleware`), so
-    `data_received` keeps the parser's reason to give the same answer either way.
-    """
-
-    _framed_twice = False
-
-    def data_received(self, data: bytes) -> None:
-        # uvicorn's own method (0.32+), but for keeping the parser's reason.
-        self._unset_keepalive_if_required()
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            reason = str(exc)
-            self._framed_twice = "Transfer-Encoding" in reason and "Content-Length" in reason
-            self.send_400_response(reason)
-            return
-        except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
-
-    def send_400_response(self, msg: str) -> None:
-        _, body, headers = _malformed_request(framed_twice=self._framed_twice)
-        head = b"".join(name + b": " + value + b"\r\n" for name, value in headers)
-        self.transport.write(b"HTTP/1.1 400 Bad Request\r\n" + head + b"\r\n" + body)
-        self.transport.close()
-
-
-def edge_protocol() -> type[H11Protocol] | type[HttpToolsProtocol]:
-    """httptools where installed (issue 11: its parser costs less per request), else h11."""
-    return EdgeHttpToolsProtocol if httptools is not None else EdgeH11Protocol

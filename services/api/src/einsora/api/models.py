@@ -1,7 +1,7 @@
 """The api's tables (SQLAlchemy Core): tenants, users, members, invitations, API tokens,
 workloads, timeline, outbox, idempotency keys, access tickets, tenant limits, gateway keys,
-tenant quotas, join tokens, enrolled machines, machine invitations, the activity log, and the
-dashboard's sessions and sign-in links.
+tenant quotas, join tokens, enrolled machines, machine invitations, the activity log, the
+dashboard's sessions and sign-in links, and password sign-in attempts.
 
 The api owns these tables and no other service reads them (DESIGN.md). Every time is stored in
 UTC and read back timezone-aware; the migrations in `migrations/versions` create exactly this
@@ -47,6 +47,9 @@ users = sa.Table(
     # The dashboard's password (ADR-0019): an Argon2id hash in PHC form, or null (none set).
     sa.Column("password_hash", sa.String(255), nullable=True),
     sa.Column("password_set_at", UtcDateTime(), nullable=True),
+    # Whether the password signs in with operator rights (issue 34, N2): only when the
+    # credential that set it carried them, or proved the current password that did.
+    sa.Column("password_operator", sa.Boolean(), nullable=False, server_default=sa.false()),
 )
 
 members = sa.Table(
@@ -275,6 +278,8 @@ join_tokens = sa.Table(
     sa.Column("region", NAME, nullable=False),
     sa.Column("sharing", sa.String(16), nullable=False),
     sa.Column("tunnel", sa.Boolean(), nullable=False),
+    sa.Column("address", sa.String(64), nullable=True),
+    sa.Column("by_operator", sa.Boolean(), nullable=False, server_default=sa.false()),
     sa.Column("max_uses", sa.Integer(), nullable=False),
     sa.Column("uses", sa.Integer(), nullable=False, server_default="0"),
     sa.Column("created_at", UtcDateTime(), nullable=False),
@@ -297,6 +302,7 @@ machines = sa.Table(
     sa.Column("credential_sha256", sa.String(64), nullable=True, unique=True),
     sa.Column("tunnel", sa.Boolean(), nullable=False),
     sa.Column("tunnel_key", sa.Text(), nullable=True),
+    sa.Column("address", sa.String(64), nullable=True),
     sa.Column("join_token_id", ID, sa.ForeignKey("join_tokens.id"), nullable=True),
     sa.Column("enrolled_at", UtcDateTime(), nullable=False),
     sa.Column("revoked_at", UtcDateTime(), nullable=True),
@@ -396,6 +402,9 @@ sessions = sa.Table(
     sa.Column("last_seen_at", UtcDateTime(), nullable=False),
     sa.Column("expires_at", UtcDateTime(), nullable=False),
     sa.Column("ended_at", UtcDateTime(), nullable=True),
+    # When the credential it came from expires (a link minted with an expiring token): what
+    # the session makes never outlives it (issue 34, N12). NULL: it inherited no bound.
+    sa.Column("credential_expires_at", UtcDateTime(), nullable=True),
     sa.Index(None, "user_id", "id"),
 )
 """The dashboard's sessions (ADR-0019): a host-only HttpOnly cookie holds the secret; a session
@@ -413,6 +422,22 @@ sign_in_links = sa.Table(
     sa.Column("created_at", UtcDateTime(), nullable=False),
     sa.Column("expires_at", UtcDateTime(), nullable=False),
     sa.Column("used_at", UtcDateTime(), nullable=True),
+    # When the credential that minted it expires; its session inherits it (issue 34, N12).
+    sa.Column("credential_expires_at", UtcDateTime(), nullable=True),
 )
 """One-time sign-in links (ADR-0019): Solo's first start prints one for the owner, and
 `einsora dashboard` asks for one for its caller; the code is exchanged for a session once."""
+
+sign_in_attempts = sa.Table(
+    "sign_in_attempts",
+    metadata,
+    # `user` (a username as typed) or `address` (the client's, as `trusted_proxies` allow).
+    sa.Column("kind", sa.String(8), primary_key=True),
+    sa.Column("key", sa.String(255), primary_key=True),
+    sa.Column("window_start", UtcDateTime(), nullable=False),
+    sa.Column("attempts", sa.Integer(), nullable=False),
+    sa.Index(None, "window_start"),
+)
+"""Password sign-ins counted per username and per client address in fixed windows (issue 34,
+N5): each attempt takes its place here, in one conditional UPDATE, before its password is
+checked, so a burst across any number of api replicas is decided one attempt at a time."""

@@ -7,24 +7,33 @@ flood of sign-ins costs at most 128 MiB and two cores, never the event loop. A s
 user who does not exist, or has no password, verifies against a dummy hash all the same, so the
 time taken does not say which usernames exist.
 
-Failed sign-ins are counted per username and per client address in this process's memory; past
-`MAX_FAILURES_PER_USER` (or `MAX_FAILURES_PER_ADDRESS`) in `WINDOW_S`, sign-ins for it are
-refused with a 429 until the window passes. The owner can always sign in with a one-time link
-(`einsora dashboard`), which the throttle does not touch.
+Sign-in attempts are counted per username and per client address in the store, so that every
+api replica shares them, and each attempt takes its place there (one conditional UPDATE) before
+its password is checked: a burst of guesses, however concurrent, has at most
+`MAX_FAILURES_PER_USER` of them checked (`MAX_FAILURES_PER_ADDRESS` per address) in `WINDOW_S`;
+the rest, the right password among them, are refused with a 429 until the window passes. A right
+password gives its attempt back. The client's address is the connection's, or what a proxy of
+`trusted_proxies` says it forwarded (issue 34, N5). The owner can always sign in with a one-time
+link (`einsora dashboard`), which the throttle does not touch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
 
+import sqlalchemy as sa
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
+from sqlalchemy.ext.asyncio import AsyncConnection
 
+from einsora.api import models as m
 from einsora.api.errors import RateLimited
+from einsora.api.store import Store, insert_ignore
 
 MIN_LENGTH = 12
 MAX_LENGTH = 1024
@@ -72,10 +81,15 @@ def needs_rehash(stored: str) -> bool:
 MAX_FAILURES_PER_USER = 10
 MAX_FAILURES_PER_ADDRESS = 50
 WINDOW_S = 600.0
+KEY_CHARS = 255
+"""`sign_in_attempts.key`: a username is at most 64 characters, an address far less."""
+
+_a = m.sign_in_attempts
 
 
 class SignInThrottle:
-    """Failed password sign-ins per username and per client address, in fixed windows."""
+    """Password sign-in attempts per username and per client address, in fixed windows, counted
+    in the store (so every api replica shares them)."""
 
     def __init__(
         self,
@@ -84,47 +98,75 @@ class SignInThrottle:
         window_s: float = WINDOW_S,
     ) -> None:
         self._limits = {"user": per_user, "address": per_address}
-        self._window_s = window_s
-        self._failures: dict[tuple[str, str], deque[float]] = {}
+        self._window = timedelta(seconds=window_s)
+        self._purged_at = -math.inf
 
-    def _recent(self, key: tuple[str, str], now: float) -> deque[float]:
-        failures = self._failures.get(key)
-        if failures is None:
-            return deque()
-        while failures and now - failures[0] >= self._window_s:
-            failures.popleft()
-        if not failures:
-            del self._failures[key]
-        return failures
+    async def claim(self, store: Store, username: str, address: str, now: datetime) -> None:
+        """Take this attempt's place in its username's window and its address's, before its
+        password is checked, or refuse it (429) when either is full. Both or neither: a refused
+        attempt is counted nowhere."""
+        cutoff = now - self._window
+        async with store.write_aside() as conn:
+            if time.monotonic() - self._purged_at >= self._window.total_seconds():
+                # Windows that passed count for nothing: their rows go, now and then.
+                self._purged_at = time.monotonic()
+                await conn.execute(sa.delete(_a).where(_a.c.window_start <= cutoff))
+            for kind, key in (("user", username), ("address", address)):
+                await self._take(conn, kind, key[:KEY_CHARS], now, cutoff, username)
 
-    def check(self, username: str, address: str) -> None:
-        """Refuse (429) a sign-in for a username or from an address past its failures."""
-        now = time.monotonic()
-        for kind, value in (("user", username), ("address", address)):
-            failures = self._recent((kind, value), now)
-            if len(failures) >= self._limits[kind]:
-                retry = max(1, int(self._window_s - (now - failures[0])) + 1)
-                what = f"user {username}" if kind == "user" else "your address"
-                raise RateLimited(
-                    f"too many failed sign-ins for {what}; retry in {retry} s, or sign in with "
-                    "a one-time link (`einsora dashboard`)",
-                    details=[
-                        {
-                            "field": "password",
-                            "message": f"{self._limits[kind]} failed sign-ins per "
-                            f"{self._window_s / 60:g} minutes",
-                            "type": "rate_limit",
-                        }
-                    ],
-                    headers={"Retry-After": str(retry)},
-                )
+    async def _take(
+        self,
+        conn: AsyncConnection,
+        kind: str,
+        key: str,
+        now: datetime,
+        cutoff: datetime,
+        username: str,
+    ) -> None:
+        limit = self._limits[kind]
+        first = {"kind": kind, "key": key, "window_start": now, "attempts": 0}
+        await conn.run_sync(lambda sync: insert_ignore(sync, _a, first, keys=["kind", "key"]))
+        passed = _a.c.window_start <= cutoff
+        taken = await conn.execute(
+            sa.update(_a)
+            .where(_a.c.kind == kind, _a.c.key == key, sa.or_(passed, _a.c.attempts < limit))
+            .values(
+                attempts=sa.case((passed, 1), else_=_a.c.attempts + 1),
+                window_start=sa.case((passed, now), else_=_a.c.window_start),
+            )
+        )
+        if taken.rowcount == 1:
+            return
+        started = await conn.scalar(
+            sa.select(_a.c.window_start).where(_a.c.kind == kind, _a.c.key == key)
+        )
+        left = (started or now) + self._window - now
+        retry = max(1, math.ceil(left.total_seconds()))
+        what = f"user {username}" if kind == "user" else "your address"
+        raise RateLimited(
+            f"too many failed sign-ins for {what}; retry in {retry} s, or sign in with a "
+            "one-time link (`einsora dashboard`)",
+            details=[
+                {
+                    "field": "password",
+                    "message": f"{limit} failed sign-ins per "
+                    f"{self._window.total_seconds() / 60:g} minutes",
+                    "type": "rate_limit",
+                }
+            ],
+            headers={"Retry-After": str(retry)},
+        )
 
-    def failed(self, username: str, address: str) -> None:
-        now = time.monotonic()
-        if len(self._failures) > 100_000:
-            self._failures.clear()  # a flood of distinct names: start again rather than grow
-        for key in (("user", username), ("address", address)):
-            self._failures.setdefault(key, deque()).append(now)
-
-    def succeeded(self, username: str) -> None:
-        self._failures.pop(("user", username), None)
+    async def succeeded(self, store: Store, username: str, address: str) -> None:
+        """A right password: its username's count starts again, and its attempt no longer
+        counts against its address (an office behind one address is not locked out by its
+        people signing in)."""
+        async with store.write_aside() as conn:
+            await conn.execute(
+                sa.delete(_a).where(_a.c.kind == "user", _a.c.key == username[:KEY_CHARS])
+            )
+            await conn.execute(
+                sa.update(_a)
+                .where(_a.c.kind == "address", _a.c.key == address[:KEY_CHARS], _a.c.attempts > 0)
+                .values(attempts=_a.c.attempts - 1)
+            )

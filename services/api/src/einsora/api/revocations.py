@@ -1,8 +1,12 @@
-"""Revoked API tokens leave every api replica's cache of verified tokens at once.
+"""Revoked credentials leave every api replica's cache of verified ones at once.
 
-The replica that revokes drops the token itself before it answers, then tells the others on
+API tokens and dashboard sessions share that cache (`auth.VerifiedTokens`), so both travel here:
+a token revoked, a session signed out or ended by a password change, every credential of a
+member removed from a tenant or offboarded, and the credentials of a member whose role changed
+(forgotten, not revoked: the next request reads the new role from the store; issue 34, N11).
+The replica that revokes drops them itself before it answers, then tells the others on
 `api.tokens.revoked` (core NATS: a replica that misses it was disconnected, and one that
-reconnects forgets every verified token, so a missed message never keeps a token alive; the
+reconnects forgets every verified credential, so a missed message never keeps one alive; the
 cache's TTL is the last backstop).
 """
 
@@ -62,8 +66,8 @@ class Revocations:
                 seen = reconnects
 
     async def revoked(self, token_ids: Sequence[str]) -> None:
-        """Drop these tokens here, then tell the other replicas (flushed before it returns, so
-        the server has the message before the caller answers)."""
+        """Drop these credentials (token or session ids) here, then tell the other replicas
+        (flushed before it returns, so the server has the message before the caller answers)."""
         self._tokens.forget(token_ids)
         if self._nc is None or not self._nc.is_connected:
             log.warning(

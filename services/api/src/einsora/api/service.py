@@ -10,9 +10,10 @@ enrolments sync (KV `enrolments` equal to the store's machines), the activity lo
 (entries older than `activity_retention_days` purged, at start and every
 `activity_purge_period_s`) and, where the server runs
 one, the auth callout for machines' credentials (`bus_auth.py`), then
-serves HTTP with uvicorn in this process, event streams included (`streams.py`), and returns
-once it accepts connections. `stop()` ends the event streams first, then undoes all the rest,
-in reverse, and may be called twice.
+serves HTTP with uvicorn in this process, event streams included (`streams.py`), each request's
+head bounded in size and time (`protocols.py`), and returns once it accepts connections.
+`stop()` ends the event streams first, then undoes all the rest, in reverse, and may be called
+twice.
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ from einsora.api.gateway_keys_sync import GatewayKeysSync
 from einsora.api.key_use import KeyUseConsumer
 from einsora.api.machines import MachinesView
 from einsora.api.metrics import ApiMetrics, metrics_app
-from einsora.api.middleware import edge_protocol
 from einsora.api.model_fallbacks_sync import ModelFallbacksSync
 from einsora.api.outbox import OutboxRelay
+from einsora.api.protocols import MAX_HEAD_BYTES, edge_protocol
 from einsora.api.quotas_sync import QuotasSync
 from einsora.api.redeemer import TicketRedeemer
 from einsora.api.regions import RegionsView
@@ -53,6 +54,7 @@ from einsora.api.services.usage import Accounting
 from einsora.api.store import Store
 from einsora.api.streams import EventStreams
 from einsora.api.timeline import TimelineConsumer
+from einsora.api.trusted_proxies import forwarded_allow_ips
 from einsora.common.bus import close_quietly, connect_as, identities, provision, tls_trusting
 from einsora.common.bus.provision import ALL_BUT_ROUTES
 from einsora.common.catalog import Catalog
@@ -232,17 +234,21 @@ class ApiService:
                 self.store,
                 js,
                 heartbeat_s=self.settings.api_stream_heartbeat_s,
-                per_token=self.settings.api_streams_per_token,
+                per_account=self.settings.api_streams_per_token,
             )
             config = uvicorn.Config(
                 app,
-                # httptools where installed, else h11, with the api's JSON answer to what it
-                # cannot parse; the edge middleware refuses what it lets through but must not serve.
-                http=edge_protocol(),
+                # httptools where installed, else h11, each head bounded in size and time, with
+                # the api's JSON answer to what it cannot parse; the edge middleware refuses what
+                # it lets through but must not serve.
+                http=edge_protocol(self.settings.api_header_timeout_s),
+                h11_max_incomplete_event_size=MAX_HEAD_BYTES,
                 lifespan="off",
                 access_log=False,
                 log_config=None,
                 server_header=False,
+                # X-Forwarded-* only from the proxies the operator named (issue 34, N5).
+                forwarded_allow_ips=forwarded_allow_ips(self.settings),
                 timeout_graceful_shutdown=5,
             )
             self._server = _Server(config)

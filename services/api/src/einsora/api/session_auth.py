@@ -3,7 +3,12 @@ tokens are, and the CSRF defence of what it changes (ADR-0019).
 
 A request that carries `Authorization` is an API token's, whatever cookie comes with it: the
 bearer path (`auth.authenticate`) is untouched. Only a request without one is looked at for the
-`einsora_session` cookie. Its secret has 256 random bits, so, like a token's, only its SHA-256 is
+session cookie: `__Host-einsora_session` where the dashboard is served over TLS, which only its
+own origin can set, and `einsora_session` over plain HTTP, where browsers refuse the prefix. A
+site under the same parent domain (a workload's) can toss a cookie of the plain name in beside
+ours; over TLS it is not read, and over HTTP a request with two differing session cookies is
+refused (400) rather than one of them taken, which would sign the victim in as whoever tossed
+it (login CSRF). Its secret has 256 random bits, so, like a token's, only its SHA-256 is
 stored and a lookup is one indexed query; a verified session is remembered in the same
 `VerifiedTokens` cache as tokens, keyed by that digest, so signing out drops it here and on every
 other replica through the revocations the tokens use (`ApiContext.revoked`).
@@ -43,9 +48,9 @@ from einsora.api.auth import (
     lookup_by_digest,
     secret_hash,
 )
-from einsora.api.errors import Forbidden, Unauthenticated
+from einsora.api.errors import BadRequest, Forbidden, Unauthenticated
 from einsora.api.store import Store
-from einsora.common.sites import DASHBOARD_COOKIE
+from einsora.common.sites import dashboard_cookie
 
 SESSION_PREFIX = "ses_"
 _SECRET_RE = re.compile(r"^ses_[A-Za-z0-9_-]{43}$")
@@ -67,17 +72,27 @@ def csrf_token(secret: str) -> str:
     return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
 
 
-def session_cookie(scope: Scope) -> str | None:
-    """The value of the dashboard's session cookie in the request, or None."""
+def session_cookie(scope: Scope, public_url: str | None = None) -> str | None:
+    """The value of the dashboard's session cookie in the request (its `__Host-` name when
+    served over TLS), or None; a request that carries two that differ is refused (400)."""
+    wanted = dashboard_cookie(served_over_tls(scope, public_url))
+    values: set[str] = set()
     for name, value in scope["headers"]:
         if name != b"cookie":
             continue
         text: str = value.decode("latin-1")
         for part in text.split(";"):
             key, sep, found = part.strip().partition("=")
-            if sep and key == DASHBOARD_COOKIE:
-                return found.strip().strip('"')
-    return None
+            if sep and key == wanted:
+                values.add(found.strip().strip('"'))
+    if len(values) > 1:
+        raise BadRequest(
+            f"this request carries two different {wanted} cookies, so neither is trusted: "
+            "another site under this one's parent domain (a workload's site can) set one. "
+            "Clear this site's cookies and sign in again; over HTTPS this cannot happen",
+            code="ambiguous_session_cookie",
+        )
+    return values.pop() if values else None
 
 
 def _header(scope: Scope, wanted: bytes) -> str | None:
@@ -191,9 +206,10 @@ async def _touch(store: Store, session_id: str, now: datetime) -> None:
 
 def cookie_header(secret: str, *, max_age_s: int, secure: bool) -> str:
     """`Set-Cookie` for a session: host-only (no Domain), HttpOnly, SameSite=Strict, and
-    Secure when the dashboard is served over TLS."""
+    when the dashboard is served over TLS, Secure and named `__Host-…` (which needs all of
+    Secure, no Domain and path /)."""
     parts = [
-        f"{DASHBOARD_COOKIE}={secret}",
+        f"{dashboard_cookie(secure)}={secret}",
         "Path=/",
         f"Max-Age={max_age_s}",
         "HttpOnly",

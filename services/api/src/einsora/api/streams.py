@@ -17,7 +17,9 @@ current states from the store, with no gap between the snapshot and the changes 
   clients take the id without dispatching an event), so a reconnect resumes after it too.
 
 A `: ping` comment goes out after `heartbeat_s` of silence, so proxies keep the stream open.
-One API token holds at most `per_token` streams on one replica (the next is a 429). `close()`
+One user holds at most `per_account` streams in a tenant on one replica, all their API tokens
+and dashboard sessions together (the next is a 429): tokens are free to mint, so a bound per
+token would be none. `close()`
 (the api's shutdown) ends every stream cleanly, each with its last chunk, before uvicorn stops.
 
 What the api itself records without the bus (a launch's `pending`, a park's `parking` before
@@ -92,18 +94,27 @@ def parse_last_event_id(value: str | None) -> int | None:
     return int(value)
 
 
+Account = tuple[str, str]
+"""Whose streams count together: (tenant id, user id)."""
+
+
+def account_of(principal: Principal) -> Account:
+    return principal.tenant_id, principal.user_id
+
+
 class EventStreams:
-    """The api replica's open event streams: opens them, bounds them per token, ends them."""
+    """The api replica's open event streams: opens them, bounds them per account (a user in a
+    tenant), ends them."""
 
     def __init__(
-        self, store: Store, js: JetStreamContext, *, heartbeat_s: float, per_token: int
+        self, store: Store, js: JetStreamContext, *, heartbeat_s: float, per_account: int
     ) -> None:
         self.store = store
         self.js = js
         self.heartbeat_s = heartbeat_s
-        self.per_token = per_token
+        self.per_account = per_account
         self._open: set[EventStream] = set()
-        self._per_token: Counter[str] = Counter()
+        self._held: Counter[Account] = Counter()
         self._closed = False
         self._all_gone = asyncio.Event()
         self._all_gone.set()
@@ -111,29 +122,32 @@ class EventStreams:
     def _claim(self, principal: Principal) -> None:
         if self._closed:
             raise Unavailable("the api is shutting down; reconnect to another replica or later")
-        held = self._per_token[principal.token_id]
-        if held >= self.per_token:
+        account = account_of(principal)
+        held = self._held[account]
+        if held >= self.per_account:
             raise RateLimited(
-                f"this API token already holds {held} open event streams, the most one token "
-                f"may; close one (or use /v1/events for every workload) and retry",
+                f"you already hold {held} open event streams in this tenant (all your API "
+                "tokens and dashboard sessions count together), the most one user may; close "
+                "one (or use /v1/events for every workload) and retry",
                 details=[
                     {
+                        # The setting's name (`api_streams_per_token`), kept for its users.
                         "field": "streams_per_token",
-                        "message": f"{self.per_token} open event streams per API token",
+                        "message": f"{self.per_account} open event streams per user in a tenant",
                         "type": "rate_limit",
                     }
                 ],
                 headers={"Retry-After": "1"},
             )
-        self._per_token[principal.token_id] += 1
+        self._held[account] += 1
 
     def _release(self, stream: EventStream) -> None:
         if stream in self._open:
             self._open.discard(stream)
-            token = stream.principal.token_id
-            self._per_token[token] -= 1
-            if self._per_token[token] <= 0:
-                del self._per_token[token]
+            account = account_of(stream.principal)
+            self._held[account] -= 1
+            if self._held[account] <= 0:
+                del self._held[account]
         if not self._open:
             self._all_gone.set()
 
@@ -142,7 +156,7 @@ class EventStreams:
     ) -> EventStream:
         """A stream of one workload's changes (or, with None, all the tenant's), following on
         from `last_event_id`; 404 for a workload the tenant does not have, 429 past the
-        token's bound, 503 when the bus or the store cannot answer."""
+        account's bound, 503 when the bus or the store cannot answer."""
         if workload_id is not None and not is_id(workload_id, "workload"):
             raise NotFound(f"no workload {workload_id!r}")
         self._claim(principal)

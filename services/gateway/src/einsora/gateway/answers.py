@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from einsora.common.schemas.endpoint import MAX_TOKEN_COUNT
 from einsora.gateway.counting import Api
 from einsora.gateway.sse import event_data
 
@@ -21,21 +22,38 @@ _DONE = b"[DONE]"
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """An upstream's `usage`: prompt and completion tokens."""
+    """An upstream's `usage`: its prompt and completion tokens as it claimed them, any JSON value
+    (`count_of` reads each; the gateway believes none as it came, `einsora.gateway.caps`)."""
 
-    prompt_tokens: int
-    completion_tokens: int
+    prompt_tokens: object
+    completion_tokens: object
+
+    @property
+    def readable(self) -> bool:
+        """Whether both claims are counts (if not, the gateway counts what is not itself)."""
+        return count_of(self.prompt_tokens) is not None and (
+            count_of(self.completion_tokens) is not None
+        )
+
+
+def count_of(claim: object) -> int | None:
+    """A claimed number of tokens, or None when it is no count: not a whole number (a bool, a
+    float, a string) or outside 0 to `MAX_TOKEN_COUNT`."""
+    if isinstance(claim, bool) or not isinstance(claim, int):
+        return None
+    return claim if 0 <= claim <= MAX_TOKEN_COUNT else None
 
 
 def usage_of(value: object) -> Usage | None:
-    """The counts of a `usage` object, or None when it is missing or unreadable."""
+    """The claims of a `usage` object, or None when there is none (no object, or no
+    `prompt_tokens` in it). A missing `completion_tokens` is 0 (embeddings have none)."""
     if not isinstance(value, Mapping):
         return None
     prompt = value.get("prompt_tokens")
-    completion = value.get("completion_tokens", 0)
-    if not isinstance(prompt, int) or not isinstance(completion, int | None):
+    if prompt is None:
         return None
-    return Usage(max(0, prompt), max(0, completion or 0))
+    completion = value.get("completion_tokens")
+    return Usage(prompt, 0 if completion is None else completion)
 
 
 def _choice_text(api: Api, choice: Mapping[str, Any], part: str, pieces: list[str]) -> None:

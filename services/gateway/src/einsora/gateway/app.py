@@ -2,8 +2,9 @@
 
 A request is authenticated by its key (in memory), read once, routed by `model` to a running
 replica of the key's tenant, admitted against the key's limits (only when it has any), sent on
-with failover, and counted; its counts are published off its path. `max_tokens` is set to the
-key's default when the client sends none, so the reservation bounds the answer, and a stream
+with failover, and counted, within what it could use (`einsora.gateway.caps`); its counts are
+published off its path. `max_tokens` is set to the key's default when the client sends none, so
+the reservation bounds the answer (and what an upstream may claim it used), and a stream
 asks its upstream for usage even when the client did not (and then the usage chunk is removed).
 """
 
@@ -21,7 +22,8 @@ from opentelemetry import trace
 
 from einsora.common import logs, telemetry
 from einsora.common.ids import new_id
-from einsora.common.schemas import CountSource, Route
+from einsora.common.schemas import Route
+from einsora.gateway import caps
 from einsora.gateway.counting import Api, Count, Counter, answers_per_request
 from einsora.gateway.errors import (
     RATE_LIMIT,
@@ -207,12 +209,15 @@ async def _serve(request: web.Request, api: Api, request_id: str) -> web.StreamR
                     "include_usage": True,
                 }
                 drop_usage = changed = True
+        count_bounds = caps.bounds_of(api, body, len(raw), answer_tokens)
         prompt: Count | None = None
         reservation: Reservation | None = None
         if key.limited:
             if key.value.tpm is not None:
                 prompt = await state.counter.prompt(replicas[0], api, body)
-            admitted = await _admit(state, key, prompt, answer_tokens, request_id)
+            # Counted by an upstream's tokenizer, perhaps: reserved within the bound too.
+            reserved = min(prompt.tokens, count_bounds.prompt) if prompt is not None else 0
+            admitted = await _admit(state, key, reserved, answer_tokens, request_id)
             if isinstance(admitted, web.Response):
                 return admitted
             reservation = admitted
@@ -240,7 +245,9 @@ async def _serve(request: web.Request, api: Api, request_id: str) -> web.StreamR
                 state.limits.settle(reservation, 0)
             raise
         assert outcome is not None  # there was a candidate
-        await _account(state, key, model, api, body, request_id, at, outcome, prompt, reservation)
+        await _account(
+            state, key, model, api, body, request_id, at, outcome, prompt, count_bounds, reservation
+        )
         return outcome.response
 
 
@@ -257,9 +264,9 @@ def _payload(
 
 
 async def _admit(
-    state: GatewayState, key: Key, prompt: Count | None, answer_tokens: int, request_id: str
+    state: GatewayState, key: Key, prompt_tokens: int, answer_tokens: int, request_id: str
 ) -> Reservation | web.Response:
-    tokens = (prompt.tokens if prompt is not None else 0) + answer_tokens
+    tokens = prompt_tokens + answer_tokens
     try:
         decision = await state.limits.reserve(
             key.value.key_id, key.value.rpm, key.value.tpm, tokens
@@ -311,25 +318,29 @@ async def _account(
     at: float,
     outcome: Outcome,
     prompt: Count | None,
+    bounds: caps.Bounds,
     reservation: Reservation | None,
 ) -> None:
-    """Settle the reservation with the real count and queue the usage record."""
+    """Settle the reservation with the real count, sane, and queue the usage record."""
     route = outcome.route
-    prompt_tokens = completion_tokens = 0
-    source = CountSource.upstream
-    if outcome.usage is not None:
-        prompt_tokens = outcome.usage.prompt_tokens
-        completion_tokens = outcome.usage.completion_tokens
-    elif outcome.answered and route is not None and outcome.status in (200, 499, 502):
-        # No usage from the upstream: count what it was sent and what it generated.
-        if prompt is None:
-            prompt = await state.counter.prompt(route, api, body)
-        completion = await state.counter.completion(route, outcome.text)
-        prompt_tokens, completion_tokens = prompt.tokens, completion.tokens
-        exact = prompt.source is completion.source is CountSource.tokenizer
-        source = CountSource.tokenizer if exact else CountSource.estimate
+    counted = caps.NOTHING
+    if (
+        outcome.answered
+        and route is not None
+        and (outcome.usage is not None or outcome.status in (200, 499, 502))
+    ):
+        # The upstream's usage where it claims a count; else what it was sent and generated.
+        counted = await caps.count(
+            state.counter, route, api, body, outcome.usage, outcome.text, prompt, bounds
+        )
+    if counted.capped and route is not None:
+        log.warning(
+            "token counts capped: %s",
+            caps.described(counted),
+            extra={"workload": route.workload_id, "machine": route.machine_id},
+        )
     if reservation is not None:
-        state.limits.settle(reservation, prompt_tokens + completion_tokens)
+        state.limits.settle(reservation, counted.tokens)
     if route is None:
         return
     state.usage.put(
@@ -339,11 +350,12 @@ async def _account(
             key_id=key.value.key_id,
             endpoint=route.workload_id,
             model=model,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            source=source,
+            prompt_tokens=counted.prompt.tokens,
+            completion_tokens=counted.completion.tokens,
+            source=counted.source,
             status=outcome.status,
             at=at,
+            capped=counted.capped,
         )
     )
 

@@ -54,7 +54,8 @@ class Outcome:
     """Whether a replica answered at all (if not, the request used no tokens)."""
     usage: Usage | None = None
     text: str = ""
-    """The generated text, when the answer carried no usage (to count it)."""
+    """The generated text, when the answer carried no usage, or one not all counts (to count
+    it)."""
 
 
 def _is_event_stream(upstream: aiohttp.ClientResponse) -> bool:
@@ -178,7 +179,7 @@ class Forwarder:
                 answer = None
             if isinstance(answer, dict):
                 usage = usage_of(answer.get("usage"))
-                if usage is None:
+                if usage is None or not usage.readable:
                     text = answer_text(api, answer)
         response = web.Response(
             status=upstream.status,
@@ -267,8 +268,9 @@ class Forwarder:
                 await response.write_eof()
             except (ConnectionError, OSError):
                 status = CLIENT_GONE
-        text = reader.text() if reader.usage is None else ""
-        return Outcome(response, route, status, True, reader.usage, text)
+        usage = reader.usage
+        text = reader.text() if usage is None or not usage.readable else ""
+        return Outcome(response, route, status, True, usage, text)
 
     def _no_answer(
         self,

@@ -4,6 +4,9 @@
   `models`, ... or `other`) and HTTP status;
 - `einsora_gateway_tokens_total{kind,source}`: tokens counted, prompt or completion, by whether
   the upstream's `usage` said so or they were estimated;
+- `einsora_gateway_token_counts_capped_total{kind,source,reason}`: counts the gateway did not take
+  as they came (`einsora.gateway.caps`): prompt or completion, who claimed it, and whether it was
+  above what the request could use or no count at all;
 - `einsora_gateway_usage_pending`: token counts not yet acknowledged by the USAGE stream.
 """
 
@@ -16,6 +19,7 @@ from prometheus_client import Counter, Gauge
 
 from einsora.common import metrics
 from einsora.common.schemas import CountSource
+from einsora.common.schemas.endpoint import CapReason, TokenKind
 from einsora.gateway.usage import UsageRecord
 
 _APIS = frozenset({"models", "chat/completions", "completions", "embeddings"})
@@ -51,6 +55,19 @@ class GatewayMetrics:
             for kind in ("prompt", "completion")
             for source in CountSource
         }
+        capped = Counter(
+            "einsora_gateway_token_counts_capped",
+            "Token counts capped to what the request could use, or counted by the gateway "
+            "because the claim was no count, by kind, who claimed it and why",
+            ["kind", "source", "reason"],
+            registry=self.registry,
+        )
+        self._capped = {
+            (kind, source, reason): capped.labels(kind.value, source.value, reason.value)
+            for kind in TokenKind
+            for source in CountSource
+            for reason in CapReason
+        }
         pending_gauge = Gauge(
             "einsora_gateway_usage_pending",
             "Token counts not yet acknowledged by the USAGE stream",
@@ -61,3 +78,5 @@ class GatewayMetrics:
     def counted(self, record: UsageRecord) -> None:
         self._tokens["prompt", record.source].inc(record.prompt_tokens)
         self._tokens["completion", record.source].inc(record.completion_tokens)
+        for cap in record.capped:
+            self._capped[cap.kind, cap.source, cap.reason].inc()

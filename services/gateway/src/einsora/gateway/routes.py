@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from einsora.common.bus import KvMirror, names
 from einsora.common.schemas import Route, WorkloadKind
+from einsora.common.targets import OwnPorts
 
 log = logging.getLogger("einsora.gateway.routes")
 
@@ -28,8 +29,10 @@ Model = tuple[str, str]
 class ModelTable:
     """Running replicas by (tenant, model name), kept current by a KV mirror of `routes`."""
 
-    def __init__(self, *, audit_s: float = AUDIT_S) -> None:
+    def __init__(self, *, audit_s: float = AUDIT_S, own_ports: OwnPorts | None = None) -> None:
         self._audit_s = audit_s
+        self.own_ports = own_ports or OwnPorts(frozenset())
+        """The control plane's own ports: a route naming one is refused (ADR-0026)."""
         self._routes: dict[str, Route] = {}
         self._replicas: dict[Model, tuple[Route, ...]] = {}
         self._models: dict[str, tuple[str, ...]] = {}
@@ -76,6 +79,12 @@ class ModelTable:
             self._delete(key)
             return
         if route.kind is not WorkloadKind.endpoint or not route.name:
+            self._delete(key)
+            return
+        why = self.own_ports.first_refusal([route.port, *route.ports.values()])
+        if why is not None:
+            # Whatever wrote it: a tenant's prompts never go to the control plane's own ports.
+            log.warning("route refused", extra={"workload": key, "why": why})
             self._delete(key)
             return
         old = self._routes.get(key)

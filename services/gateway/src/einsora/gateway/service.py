@@ -23,6 +23,7 @@ from einsora.common.errors import PortInUse
 from einsora.common.http_guard import GuardedAppRunner
 from einsora.common.metrics import MetricsServer, serve
 from einsora.common.settings import Settings
+from einsora.common.targets import OwnPorts
 from einsora.common.tunnel_clients import TunnelClients
 from einsora.gateway.app import GatewayState, create_app
 from einsora.gateway.balance import Balancer
@@ -62,7 +63,7 @@ class GatewayService:
         self._tunnels: TunnelClients | None = None
         self._runner: web.AppRunner | None = None
         self.keys = KeyTable(self._clock)
-        self.models = ModelTable()
+        self.models = ModelTable(own_ports=OwnPorts.of(settings))
         self.fallbacks = ModelFallbacks()
         self._limits: LimitBook | None = None
         self.usage: UsagePublisher | None = None
@@ -142,6 +143,7 @@ class GatewayService:
         sockets = getattr(site._server, "sockets", None)
         if sockets:  # port 0: learn the chosen one
             self.port = sockets[0].getsockname()[1]
+        self.models.own_ports = self.models.own_ports.with_ports(self.port)
         log.info("gateway serving", extra={"port": self.port})
 
     async def stop(self) -> None:

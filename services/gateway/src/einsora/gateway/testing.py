@@ -131,8 +131,11 @@ class Harness:
         self.servers.append(server)
         return Replica(server, await self.route(model, server.port, runtime=runtime))
 
-    async def route(self, model: str, port: int, *, runtime: str = "sim") -> Route:
-        """Publish a route of the tenant's `model` to `port` (whatever listens there)."""
+    async def route(
+        self, model: str, port: int, *, runtime: str = "sim", wait: bool = True
+    ) -> Route:
+        """Publish a route of the tenant's `model` to `port` (whatever listens there); `wait`:
+        until every gateway routes to it."""
         route = Route(
             workload_id=new_id("workload"),
             tenant_id=self.tenant,
@@ -145,6 +148,8 @@ class Harness:
         )
         kv = await self.js.key_value(names.ROUTES.name)
         await kv.put(names.route_key(route.workload_id), route.to_bytes())
+        if not wait:
+            return route
         await until(
             lambda: all(route in g.models.replicas(self.tenant, model) for g in self.gateways),
             what="the gateways route to the new replica",

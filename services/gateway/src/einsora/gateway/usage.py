@@ -26,6 +26,7 @@ from nats.js.api import PubAck
 from einsora.common.bus import message_headers, names
 from einsora.common.runloop import raise_if_cancelled
 from einsora.common.schemas import CountSource, TokenUsage
+from einsora.common.schemas.endpoint import CountCap
 
 log = logging.getLogger("einsora.gateway.usage")
 
@@ -56,6 +57,8 @@ class UsageRecord:
     status: int
     at: float
     """Unix seconds."""
+    capped: tuple[CountCap, ...] = ()
+    """The counts capped to make them sane (`einsora.gateway.caps`), and what was claimed."""
 
     def message(self) -> TokenUsage:
         return TokenUsage(
@@ -69,6 +72,7 @@ class UsageRecord:
             source=self.source,
             status=self.status,
             at=datetime.fromtimestamp(self.at, UTC),
+            capped=list(self.capped),
         )
 
 

@@ -30,6 +30,7 @@ from einsora.common.http_guard import GuardedAppRunner
 from einsora.common.metrics import MetricsServer, serve
 from einsora.common.schemas import Enrolment, Route
 from einsora.common.settings import Settings
+from einsora.common.targets import OwnPorts
 from einsora.common.tunnel_clients import TunnelClients
 from einsora.proxy.app import ProxyState, create_app, plain_response
 from einsora.proxy.metrics import ProxyMetrics
@@ -40,21 +41,42 @@ from einsora.proxy.tunnels import Forward, TunnelHub
 
 log = logging.getLogger("einsora.proxy")
 
+MAX_FORWARDS_PER_MACHINE = 256
+"""The most unix sockets the hub opens for one machine's tunnelled routes (each route names at
+most `routes.MAX_PORTS` besides its own): a machine cannot make the hub open sockets at will."""
+
 
 class _Routes(RouteTable):
     """The route table, also telling the tunnel hub when its tunnelled routes change."""
 
-    def __init__(self, on_removed: Callable[[str], object], on_changed: Callable[[], None]):
-        super().__init__(on_removed)
+    def __init__(
+        self,
+        on_removed: Callable[[str], object],
+        on_changed: Callable[[], None],
+        own_ports: OwnPorts,
+    ):
+        super().__init__(on_removed, own_ports=own_ports)
         self._on_changed = on_changed
 
     def tunnelled(self) -> set[Forward]:
-        return {
-            (r.machine_id, port)
-            for r in self._routes.values()
-            if r.via_tunnel
-            for port in {r.port, *r.ports.values()}  # a VM's SSH and console too
-        }
+        """Each tunnelled route's ports (a VM's SSH and console too), at most
+        `MAX_FORWARDS_PER_MACHINE` a machine: the hub opens a socket for each."""
+        forwards: set[Forward] = set()
+        per_machine: dict[str, int] = {}
+        for r in self._routes.values():
+            if not r.via_tunnel:
+                continue
+            ports = {r.port, *r.ports.values()}
+            taken = per_machine.get(r.machine_id, 0)
+            if taken + len(ports) > MAX_FORWARDS_PER_MACHINE:
+                log.warning(
+                    "a machine's tunnelled routes name too many ports; some not served",
+                    extra={"machine_id": r.machine_id, "most": MAX_FORWARDS_PER_MACHINE},
+                )
+                continue
+            per_machine[r.machine_id] = taken + len(ports)
+            forwards.update((r.machine_id, port) for port in ports)
+        return forwards
 
     def _put(self, key: str, value: bytes) -> None:
         super()._put(key, value)
@@ -112,7 +134,11 @@ class ProxyService:
         js = self._nc.jetstream()
         await provision(js, replicas=self._settings.nats_replicas, only=(names.ROUTES.stream,))
         data = self._settings.data_dir / "tunnel"
-        routes = _Routes(on_removed=self.sessions.end_site, on_changed=self._routes_changed)
+        routes = _Routes(
+            on_removed=self.sessions.end_site,
+            on_changed=self._routes_changed,
+            own_ports=OwnPorts.of(self._settings, self.port),
+        )
         self._routes = routes
         self.hub = TunnelHub(
             host=self._settings.tunnel_host or self._settings.bind_host,
@@ -180,6 +206,8 @@ class ProxyService:
             self.port = sockets[0].getsockname()[1]
             self.sites = self.sites.on_port(self.port)
             state.sites = self.sites
+        hub_port = None if self.hub is None else self.hub.port
+        routes.own_ports = routes.own_ports.with_ports(self.port, hub_port)
         self._sweeper = asyncio.create_task(self._sweep(), name="proxy idle sweep")
         log.info("proxy serving", extra={"port": self.port, "domain": self.sites.domain})
 

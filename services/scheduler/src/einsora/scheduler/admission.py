@@ -143,7 +143,7 @@ def place(
         steps = len(fallback.targets(workload)) - 1
         reason = reasons.placed_as(reason, machine.machine_id, demand.class_name, step, steps)
     choice = book.driver_for(machine, workload)
-    if choice is not None and choice.driver != drivers.SIM:  # sim stands in: nothing to say
+    if choice is not None:  # sim too: the timeline says that nothing runs (issue 34, N9)
         reason = f"{reason}; {drivers.note(choice)}"
     reason = _with_devices(reason, machine, grant, None if choice is None else choice.driver)
     home = book.row_of(workload)

@@ -35,6 +35,7 @@ from einsora.common.schemas import (
     WorkloadState,
     utcnow,
 )
+from einsora.common.targets import OwnPorts
 from einsora.scheduler import drivers, reasons, trust
 from einsora.scheduler.capacity import (
     CPU_POOL,
@@ -135,6 +136,7 @@ class Book:
         *,
         owner_tenant: str | None = None,
         community_pool: bool = False,
+        sim_machines: bool = False,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.region = region
@@ -158,12 +160,21 @@ class Book:
         self.owner_tenant = owner_tenant
         self.community_pool = community_pool
         """The tenant that owns the region's machines until enrolment says otherwise (trust.py)."""
+        self.sim_machines = sim_machines
+        """The operator allows sim machines here: only then does a machine's `sim` count
+        (drivers.py; issue 34, N9)."""
+        self._sim_ignored: set[str] = set()
+        """Machines whose `sim` was ignored, each said once in the log."""
         self.machines: dict[str, Machine] = {}
         self.workloads: dict[str, Workload] = {}
         self.queue: dict[str, list[Workload]] = {}
         self.index = CapacityIndex()
         self.routes: dict[str, Endpoint] = {}
-        """The endpoint each running workload's route was last written with."""
+        """The endpoint each running workload's agent last reported (its route written from it,
+        or refused)."""
+        self.own_ports = OwnPorts(frozenset())
+        """The control plane's own ports: no route reaches them (targets.py; the service sets
+        them from its settings)."""
         self.changes = Changes()
         self.chained: dict[str, Workload] = {}
         """Queued workloads with a fallback chain, whose timer may reach a further step
@@ -196,6 +207,14 @@ class Book:
         self._ever_fits.clear()
         self._ever_fits_trusted.clear()
         self.changes.capacity_freed = True
+        ignored = drivers.ignores_sim(machine.inventory, sim_machines=self.sim_machines)
+        if ignored and machine.machine_id not in self._sim_ignored:
+            self._sim_ignored.add(machine.machine_id)
+            log.warning(
+                "a machine reports the sim driver, which this cell does not allow: it is "
+                f"ignored (set {drivers.SIM_SETTING} to allow sim machines)",
+                extra={"machine_id": machine.machine_id},
+            )
 
     def save_machine(self, machine: Machine) -> None:
         self.changes.machines[machine.machine_id] = machine
@@ -261,6 +280,7 @@ class Book:
             self.owner_tenant,
             self.community_pool,
             workload.user_id,
+            sim_machines=self.sim_machines,
             kind=workload.kind,
             spec=workload.spec,
         )
@@ -273,7 +293,13 @@ class Book:
         if level is None:
             return None
         owner = level is trust.Trust.owner
-        return drivers.choose(machine.inventory, workload.kind, workload.spec, owner=owner)
+        return drivers.choose(
+            machine.inventory,
+            workload.kind,
+            workload.spec,
+            owner=owner,
+            sim_machines=self.sim_machines,
+        )
 
     def recent_use(self, tenant_id: str) -> float:
         """The tenant's decayed recent GPU-hours (fair share's U; 0 with none reported)."""
@@ -333,6 +359,7 @@ class Book:
                             self.owner_tenant,
                             self.community_pool,
                             workload.user_id,
+                            sim_machines=self.sim_machines,
                             kind=workload.kind,
                             spec=workload.spec,
                         )
@@ -483,13 +510,28 @@ class Book:
         )
 
     def set_route(self, workload: Workload, machine: Machine, endpoint: Endpoint) -> None:
+        """Write the workload's route from its agent's report, believed only about the machine
+        itself (ADR-0026): a direct machine's route points at its enrolled address, and a port
+        that is the control plane's own (or no workload's) is refused: the route is deleted and
+        the timeline says why, once per report."""
         self.routes[workload.workload_id] = endpoint
+        host, why = endpoint.host, None
+        if not machine.tunnel:
+            if machine.address is None:
+                why = "it was enrolled without an address the control plane reaches it at"
+            host = machine.address or host
+        ports = [endpoint.port, *endpoint.ports.values()]
+        why = why or self.own_ports.first_refusal(ports)
+        if why is not None:
+            self.changes.routes[workload.workload_id] = None
+            self.note(workload, reasons.route_refused(machine.machine_id, why))
+            return
         self.changes.routes[workload.workload_id] = Route(
             workload_id=workload.workload_id,
             tenant_id=workload.tenant_id,
             kind=workload.kind,
             machine_id=machine.machine_id,
-            host=endpoint.host,
+            host=host,
             port=endpoint.port,
             token=workload.access_token,
             name=workload.name,

@@ -6,12 +6,17 @@ KVM or software emulation, Docker's runtimes). What a workload needs comes from 
 spec: a `vm` runs in a VM (`libvirt`); a notebook or endpoint whose spec names a container
 `image` runs in a container (`docker`, or `docker-kata`, each container in its own VM); any
 other runs as a local process (`process`). `spec.driver` may name one of those itself. `sim`
-stands in for all of them.
+stands in for all of them, and runs nothing.
 
 Which of those a workload may get is the trust matrix's (trust.py): weak isolation for the
 machine owner's own workloads only. Strength is the catalog's rating
 (`einsora.common.isolation`), never the agent's. Among the drivers that fit, the owner's
 workloads take the first of the order below (the lighter one); guests take a strong one.
+
+Which drivers a machine may claim is the operator's word, not the machine's (issue 34, N9):
+`sim` counts only in a cell that allows sim machines (`sim_machines`, `EINSORA_SIM_MACHINES`).
+Elsewhere a machine's `sim` is ignored, as if it had not reported it, and every refusal there
+says so; where it counts, every placement with it says that nothing runs.
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from einsora.common.isolation import DRIVER_ISOLATION, Isolation
+from einsora.common import isolation
+from einsora.common.isolation import DRIVER_ISOLATION, Isolation, claimable
 from einsora.common.schemas import Inventory, Virtualization, WorkloadKind
 
-SIM = "sim"
+SIM = isolation.SIM
 PROCESS = "process"
+SIM_SETTING = "EINSORA_SIM_MACHINES"
 
 _VM = ("libvirt",)
 _CONTAINER = ("docker", "docker-kata")
@@ -84,12 +91,27 @@ def strong(driver: str) -> bool:
     return DRIVER_ISOLATION.get(driver) is Isolation.strong
 
 
+def claimed(inventory: Inventory, *, sim_machines: bool) -> list[str]:
+    """The drivers of `inventory` the control plane believes (`sim` only where allowed)."""
+    return claimable(inventory.drivers, sim_machines=sim_machines)
+
+
+def ignores_sim(inventory: Inventory, *, sim_machines: bool) -> bool:
+    """Whether the machine reports `sim` in a cell that does not allow sim machines."""
+    return not sim_machines and SIM in inventory.drivers
+
+
 def can_run(
-    inventory: Inventory, kind: WorkloadKind, spec: Mapping[str, Any], *, owner: bool
+    inventory: Inventory,
+    kind: WorkloadKind,
+    spec: Mapping[str, Any],
+    *,
+    owner: bool,
+    sim_machines: bool,
 ) -> bool:
     """Whether `choose` finds a driver (the trust filter's question, asked for every machine
     a placement considers: no words made, nothing allocated)."""
-    have = inventory.drivers
+    have = claimed(inventory, sim_machines=sim_machines)
     if SIM in have:
         return True
     asked = _asked(spec)
@@ -100,12 +122,17 @@ def can_run(
 
 
 def choose(
-    inventory: Inventory, kind: WorkloadKind, spec: Mapping[str, Any], *, owner: bool
+    inventory: Inventory,
+    kind: WorkloadKind,
+    spec: Mapping[str, Any],
+    *,
+    owner: bool,
+    sim_machines: bool,
 ) -> Choice | None:
     """The driver `inventory`'s machine runs the workload with, or None when none may."""
-    have = inventory.drivers
+    have = claimed(inventory, sim_machines=sim_machines)
     if SIM in have:
-        return Choice(SIM, "the sim driver stands in for every engine")
+        return Choice(SIM, "nothing runs (a simulated machine)")
     what, fits = _needs(kind, spec)
     asked = _asked(spec)
     for driver in fits:
@@ -117,21 +144,42 @@ def choose(
 
 
 def refusal(
-    inventory: Inventory, kind: WorkloadKind, spec: Mapping[str, Any], *, owner: bool
+    inventory: Inventory,
+    kind: WorkloadKind,
+    spec: Mapping[str, Any],
+    *,
+    owner: bool,
+    sim_machines: bool,
 ) -> str:
     """Why no driver of the machine may run the workload (after the machine's id and ": ")."""
+    return _refusal(inventory, kind, spec, sim_machines) + sim_ignored(
+        inventory, sim_machines=sim_machines
+    )
+
+
+def _refusal(
+    inventory: Inventory, kind: WorkloadKind, spec: Mapping[str, Any], sim_machines: bool
+) -> str:
     what, fits = _needs(kind, spec)
     asked = _asked(spec)
-    have = ", ".join(sorted(inventory.drivers)) or "no driver"
+    believed = claimed(inventory, sim_machines=sim_machines)
+    have = ", ".join(sorted(believed)) or "no driver"
     if asked is not None and asked not in fits:
         options = " or ".join(fits)
         return f"spec.driver {asked} cannot run {what} (it runs with {options})"
     wanted = [d for d in fits if asked is None or d == asked]
-    present = [d for d in wanted if d in inventory.drivers]
+    present = [d for d in wanted if d in believed]
     if not present:
         return f"no driver here runs {what} (it needs {' or '.join(wanted)}; it has {have})"
     weak = ", ".join(d for d in present if not strong(d))
     return f"only weak isolation ({weak}) for {what}; guests need strong"
+
+
+def sim_ignored(inventory: Inventory, *, sim_machines: bool) -> str:
+    """What a refusal adds when the machine's `sim` was ignored ("" when it was not)."""
+    if not ignores_sim(inventory, sim_machines=sim_machines):
+        return ""
+    return f"; its sim driver is ignored: this cell does not allow sim machines ({SIM_SETTING})"
 
 
 def _why(driver: str, what: str, inventory: Inventory) -> str:

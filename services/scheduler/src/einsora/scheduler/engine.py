@@ -37,6 +37,7 @@ from einsora.common.schemas import (
     utcnow,
     what_is_wrong,
 )
+from einsora.common.targets import OwnPorts
 from einsora.scheduler import chain, regions
 from einsora.scheduler.admission import admit_queued
 from einsora.scheduler.book import Book
@@ -165,6 +166,7 @@ class Engine:
         tokens: WorkloadTokens | None = None,
         owner_tenant: str | None = None,
         community_pool: bool = False,
+        sim_machines: bool = False,
         clock: Callable[[], datetime] = utcnow,
         handoffs: HandoffSender | None = None,
     ) -> None:
@@ -178,12 +180,14 @@ class Engine:
         self.tokens = tokens or WorkloadTokens.ephemeral()
         self.owner_tenant = owner_tenant
         self.community_pool = community_pool
+        self.sim_machines = sim_machines
         self.book = Book(
             region,
             catalog,
             self.tokens,
             owner_tenant=owner_tenant,
             community_pool=community_pool,
+            sim_machines=sim_machines,
             clock=clock,
         )
         self._queue: asyncio.Queue[_Input] = asyncio.Queue()
@@ -203,6 +207,8 @@ class Engine:
         """Intents' trace contexts, and each decision's span (tracing.py)."""
         self.hooks = EngineHooks()
         """What the engine tells the metrics as it goes (hooks.py)."""
+        self.own_ports = OwnPorts(frozenset())
+        """The control plane's own ports, which no route reaches (the book's, on every load)."""
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -219,10 +225,12 @@ class Engine:
             self.owner_tenant,
             self.community_pool,
             self.clock,
+            sim_machines=self.sim_machines,
         )
         # Quotas, usage and the other regions come from the bus, not the store: the mirrors do
         # not send them again.
         self.book.quotas, self.book.usage = old.quotas, old.usage
+        self.book.own_ports = self.own_ports
         self.book.regions = old.regions
         if self.handoffs is not None:
             self.handoffs.load(snapshot.handoffs)
@@ -521,6 +529,8 @@ def _book_from(
     owner_tenant: str | None,
     community_pool: bool,
     clock: Callable[[], datetime],
+    *,
+    sim_machines: bool,
 ) -> Book:
     book = Book(
         region,
@@ -528,6 +538,7 @@ def _book_from(
         tokens,
         owner_tenant=owner_tenant,
         community_pool=community_pool,
+        sim_machines=sim_machines,
         clock=clock,
     )
     loaded_at = clock()

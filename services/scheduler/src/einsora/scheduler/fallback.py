@@ -242,7 +242,14 @@ def _explain_machine(book: Book, workload: Workload, target: Target, demand: Dem
         return reasons.step_no_such_machine(label, book.region)
     if not book.may_run(machine, workload):
         why = trust.why_not(
-            machine, workload.tenant_id, book.owner_tenant, book.community_pool, workload.user_id
+            machine,
+            workload.tenant_id,
+            book.owner_tenant,
+            book.community_pool,
+            workload.user_id,
+            sim_machines=book.sim_machines,
+            kind=workload.kind,
+            spec=workload.spec,
         )
         return f"{label}: {why.split(': ', 1)[-1]}"
     if not machine.placeable:

@@ -6,6 +6,10 @@ applied once the machine's enrolment arrives. A machine's region is its enrolmen
 one its inventory claims. Values are checked against the key they came under (an agent's
 payload never decides which machine it is).
 
+What a machine says is bounded (issue 34, N7): an inventory over `Inventory.MAX_BYTES` is refused
+unread, and a value outside its schema's limits is refused; either is said in one log line
+naming the machine, not once per rewrite, until the machine sends a readable value again.
+
 Most observed values are only heartbeats: when a report says what the last full reading said,
 on a machine whose rows have not changed since, it only refreshes the machine's last sign of
 life. A desired key that is deleted, lags the store, or was written by someone else
@@ -20,6 +24,7 @@ import logging
 from pydantic import ValidationError
 
 from einsora.common.schemas import Enrolment, Inventory, ObservedState, utcnow
+from einsora.common.schemas.base import what_is_wrong
 from einsora.scheduler.book import Book
 from einsora.scheduler.model import Machine
 from einsora.scheduler.observe import apply_inventory, apply_observed, heartbeat, revoke
@@ -40,6 +45,8 @@ class MachineReader:
         self.enrolments: dict[str, Enrolment] = {}
         self._ignored: set[str] = set()
         """Machines whose values were ignored (not enrolled), logged once each."""
+        self._refused: set[tuple[str, str]] = set()
+        """(machine, kind) whose latest value was refused, logged once until a readable one."""
 
     def apply_enrolment(
         self, book: Book, machine_id: str, enrolment: Enrolment | None, now: float
@@ -130,6 +137,11 @@ class MachineReader:
             return
         try:
             if key.kind == "inventory":
+                if len(key.value) > Inventory.MAX_BYTES:
+                    raise ValueError(
+                        f"the inventory is {len(key.value)} bytes, over the "
+                        f"{Inventory.MAX_BYTES} an inventory may have"
+                    )
                 inventory = Inventory.from_bytes(key.value)
                 if inventory.machine_id != key.machine_id:
                     raise ValueError("the inventory names another machine than its key")
@@ -146,10 +158,21 @@ class MachineReader:
                 apply_observed(book, observed, now - max(0.0, age))
                 self._remember_observed(book, key)
         except (ValidationError, ValueError) as exc:
-            log.warning(
-                "unreadable machine value ignored",
-                extra={"machine_id": key.machine_id, "kind": key.kind, "error": str(exc)},
-            )
+            self._refuse(key, exc)
+            return
+        self._refused.discard((key.machine_id, key.kind))
+
+    def _refuse(self, key: MachineKey, exc: ValueError) -> None:
+        """One line per machine and kind, until it sends a readable value again."""
+        if (key.machine_id, key.kind) in self._refused:
+            return
+        self._refused.add((key.machine_id, key.kind))
+        error = what_is_wrong(exc) if isinstance(exc, ValidationError) else str(exc)
+        log.warning(
+            "a machine's value refused (unreadable, or over its limits); its last readable "
+            "one stands until it sends another",
+            extra={"machine_id": key.machine_id, "kind": key.kind, "error": error[:1000]},
+        )
 
     def _only_a_heartbeat(self, book: Book, key: MachineKey, now: float) -> bool:
         """The same report as last time, but for its heartbeat, on an unchanged machine.
@@ -217,6 +240,7 @@ def _take_enrolment(book: Book, machine: Machine, enrolment: Enrolment) -> None:
     may use it, and what its owner lends of it. A change of who may use it, or of the lend, is
     re-filed like a change of capacity."""
     machine.tunnel = enrolment.tunnel
+    machine.address = enrolment.address
     machine.enrolled = True
     machine.reclaim_grace_s = enrolment.reclaim_grace_s
     machine.guest_min_runtime_s = enrolment.guest_min_runtime_s

@@ -95,6 +95,9 @@ class Machine:
     """Its enrolment was revoked: it takes no work and its reports are ignored, for good."""
     tunnel: bool = False
     """Its workloads are reached through the tunnel its agent dialed (from its enrolment)."""
+    address: str | None = None
+    """Where the control plane reaches a direct machine (from its enrolment): its routes point
+    there whatever its agent reports (ADR-0026); None: not enrolled with one."""
     owner_tenant: str | None = None
     """Its owner's tenant (from its enrolment); None: the cell's (`machine_owner_tenant`)."""
     sharing: SharingLevel = SharingLevel.private

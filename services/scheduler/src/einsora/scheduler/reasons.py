@@ -49,6 +49,14 @@ def devices_unconfined(note: str, gpus: int) -> str:
     )
 
 
+def route_refused(machine_id: str, why: str) -> str:
+    """A running workload's agent reported where it answers, and that is not believed."""
+    return (
+        f"not reachable through the proxy or the gateway: {machine_id}'s agent reported where it "
+        f"answers, but {why}, so no route was written"
+    )
+
+
 def placed_on_disk_machine(machine_id: str) -> str:
     return f"placed on {machine_id}, which holds its working directory"
 

@@ -49,6 +49,7 @@ from einsora.common.metrics import MetricsServer, serve
 from einsora.common.runloop import raise_if_cancelled
 from einsora.common.schemas import WorkloadIntent, utcnow, what_is_wrong
 from einsora.common.settings import Settings
+from einsora.common.targets import OwnPorts
 from einsora.scheduler.beacon import PERIOD_S as BEACON_PERIOD_S
 from einsora.scheduler.beacon import RegionBeacon
 from einsora.scheduler.engine import CycleFailed, Engine, Timing
@@ -250,10 +251,12 @@ class SchedulerService:
             ),
             owner_tenant=self.settings.machine_owner_tenant,
             community_pool=self.settings.community_pool,
+            sim_machines=self.settings.sim_machines,
             clock=self._clock,
             handoffs=HandoffSender(js, publish_timeout_s=self._publish_timeout_s),
         )
         engine.hooks = self.metrics
+        engine.own_ports = OwnPorts.of(self.settings)  # no route reaches them (ADR-0026)
         self._engine = engine
         await engine.load()
         engine.start()

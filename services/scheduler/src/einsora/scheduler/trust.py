@@ -12,6 +12,10 @@ isolation`), never the agent's. Given the workload's kind and spec, the machine 
 driver that runs it at the isolation its trust level allows (`drivers.choose`). A machine
 enrolled without an owner (none are, since issue 14, but a store from before may hold one)
 belongs to the cell's owner (`machine_owner_tenant`).
+
+The drivers a machine may claim are the operator's word (issue 34, N9): `sim`, which runs
+nothing, counts only in a cell that allows sim machines (`sim_machines`); elsewhere it is
+ignored for every tenant, the owner's included, and never counts as strong isolation.
 """
 
 from __future__ import annotations
@@ -60,11 +64,13 @@ def may_run(
     community_pool: bool,
     user_id: str | None = None,
     *,
+    sim_machines: bool,
     kind: WorkloadKind | None = None,
     spec: Mapping[str, Any] | None = None,
 ) -> bool:
     """Whether `machine` may take a workload of `tenant_id` by `user_id` (the matrix above);
-    with its `kind` (and `spec`), also whether one of its drivers runs it at that trust."""
+    with its `kind` (and `spec`), also whether one of its drivers runs it at that trust.
+    `sim_machines`: whether the cell allows sim machines."""
     level = trust_level(machine, tenant_id, cell_owner, community_pool, user_id)
     if level is None:
         return False
@@ -73,8 +79,11 @@ def may_run(
     if not owner and machine.reclaimed_at is not None:
         return False
     if kind is not None:
-        return drivers.can_run(machine.inventory, kind, spec or {}, owner=owner)
-    return owner or has_strong_driver(machine.inventory.drivers)
+        return drivers.can_run(
+            machine.inventory, kind, spec or {}, owner=owner, sim_machines=sim_machines
+        )
+    have = drivers.claimed(machine.inventory, sim_machines=sim_machines)
+    return owner or has_strong_driver(have) or drivers.SIM in have
 
 
 def why_not(
@@ -84,6 +93,7 @@ def why_not(
     community_pool: bool,
     user_id: str | None = None,
     *,
+    sim_machines: bool,
     kind: WorkloadKind | None = None,
     spec: Mapping[str, Any] | None = None,
 ) -> str:
@@ -96,11 +106,21 @@ def why_not(
     if level is not Trust.owner and machine.reclaimed_at is not None:
         return f"{machine.machine_id}: reclaimed by its owner"
     if kind is not None:
-        why = drivers.refusal(machine.inventory, kind, spec or {}, owner=level is Trust.owner)
+        why = drivers.refusal(
+            machine.inventory,
+            kind,
+            spec or {},
+            owner=level is Trust.owner,
+            sim_machines=sim_machines,
+        )
         return f"{machine.machine_id}: {why}"
-    have = machine.inventory.drivers
+    have = drivers.claimed(machine.inventory, sim_machines=sim_machines)
     weak = ", ".join(sorted(d for d in have if DRIVER_ISOLATION.get(d) is not Isolation.strong))
-    return f"{machine.machine_id}: only weak isolation ({weak or 'no driver'}); guests need strong"
+    ignored = drivers.sim_ignored(machine.inventory, sim_machines=sim_machines)
+    return (
+        f"{machine.machine_id}: only weak isolation ({weak or 'no driver'}); guests need strong"
+        f"{ignored}"
+    )
 
 
 def refusal(reasons: list[str]) -> str:

@@ -8,6 +8,11 @@ is a new one, so the engine rewrites every desired state from the store. The aud
 which desired keys exist, because a key purged from the stream leaves no trace a watch sees, and
 restarts the watch after the client reconnected (nats-py's ordered consumer otherwise takes tens
 of seconds to notice that a restarted server forgot it).
+
+Machines' own values (inventories and observed states) reach the engine through a `Pacer`: one
+machine rewriting its keys in a loop costs the engine one value per interval, the latest, and
+never holds up another machine's or tenant's work (issue 34, N7). A first value, and a heartbeat
+seconds after the last, pass at once. Desired keys (ours) are never held.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from nats.js.errors import NotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from einsora.common.bus import names, provision
+from einsora.common.bus.pace import MACHINE_REPORT_EVERY_S, Pacer
 from einsora.common.runloop import raise_if_cancelled
 
 log = logging.getLogger("einsora.scheduler.watch")
@@ -82,6 +88,14 @@ class MachinesWatch:
         self._pump: asyncio.Task[None] | None = None
         self._audit: asyncio.Task[None] | None = None
         self._created: datetime | None = None
+        self._pacer: Pacer[tuple[str, str], MachineKey] = Pacer(
+            lambda _, key: self._on_key(key), lambda k: MACHINE_REPORT_EVERY_S[k[1]]
+        )
+
+    @property
+    def machine_values_read(self) -> int:
+        """Machines' values handed to the engine (at their pace) since the start."""
+        return self._pacer.delivered
 
     async def start(self) -> None:
         await self._watch()
@@ -119,6 +133,7 @@ class MachinesWatch:
         self._created = info.created
 
     async def _unwatch(self) -> None:
+        self._pacer.clear()  # the next read's snapshot has each key's latest value
         pump, self._pump = self._pump, None
         if pump is not None:
             pump.cancel()
@@ -134,7 +149,11 @@ class MachinesWatch:
             if entry is None:
                 continue
             key = _parse(entry)
-            if key is not None:
+            if key is None:
+                continue
+            if key.kind in MACHINE_REPORT_EVERY_S:
+                self._pacer.offer((key.machine_id, key.kind), key)
+            else:
                 self._on_key(key)
 
     async def _audit_loop(self) -> None:

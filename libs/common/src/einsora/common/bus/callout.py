@@ -7,8 +7,10 @@ token to `authorize` (the api looks its hash up in the store), and answers with 
 `authorization_response` signed by the issuer account key, wrapping a user JWT for the app
 account. It never logs or echoes a token, and a refusal says nothing about why. It records which
 connections it admitted for each identity, so a revocation can kick them at once; the JWT's
-expiry is the backstop. Only nkeys (and PyNaCl, nkeys' own ed25519) and nats-py: the callout and
-JWT packages on PyPI were checked and are not worth depending on (nats-auth.md, §3).
+expiry is the backstop. A machine's grant (`Permissions.machine`) places its session in the
+machines' account, whose limits bound it (ADR-0028). Only nkeys (and PyNaCl, nkeys' own
+ed25519) and nats-py: the callout and JWT packages on PyPI were checked and are not worth
+depending on (nats-auth.md, §3).
 """
 
 from __future__ import annotations
@@ -33,14 +35,19 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from einsora.common.bus import names
-from einsora.common.bus.accounts import APP_ACCOUNT
+from einsora.common.bus.accounts import (
+    APP_ACCOUNT,
+    MACHINE_ACCOUNT,
+    MACHINE_MAX_PAYLOAD,
+    MACHINE_MAX_SUBSCRIPTIONS,
+)
 from einsora.common.bus.identities import AUTH_REQUEST_SUBJECT, Identity, Permissions
 
 log = logging.getLogger("einsora.bus.callout")
 
 REQUEST_AUDIENCE = "nats-authorization-request"
 MAX_PAYLOAD = 1024 * 1024
-"""The largest message an agent may publish (the server's own max_payload)."""
+"""The largest message a session that is not a machine's may publish (the server's own)."""
 _RESPONSE_TTL_NS = 120 * 10**9
 """How long a granted reply permission lasts (the server's default for `allow_responses`)."""
 _REFUSED = "not authorized"
@@ -93,12 +100,16 @@ def verify_jwt(token: str) -> dict[str, Any]:
 
 def _user_claims(grant: Grant, user_nkey: str, account: str, issuer: str) -> dict[str, Any]:
     p = grant.permissions
+    # A machine's limits, said in its JWT too, for a server that reads them (operator mode).
+    # nats-server 2.15 ignores a callout JWT's `payload`, `subs` and `data` in this layout: its
+    # machines' account's limits are what hold, and no server limits a data rate (`data` is
+    # left unlimited; the scheduler and the api read a machine's rewrites at a bounded pace).
     nats: dict[str, Any] = {
         "pub": {"allow": list(p.publish)},
         "sub": {"allow": list(p.subscribe)},
-        "subs": -1,
+        "subs": MACHINE_MAX_SUBSCRIPTIONS if p.machine else -1,
         "data": -1,
-        "payload": MAX_PAYLOAD,
+        "payload": MACHINE_MAX_PAYLOAD if p.machine else MAX_PAYLOAD,
         "type": "user",
         "version": 2,
     }
@@ -113,14 +124,15 @@ def _user_claims(grant: Grant, user_nkey: str, account: str, issuer: str) -> dic
         "exp": int(now + grant.expires_s),
         "iss": issuer,
         "sub": user_nkey,
-        "aud": account,
+        "aud": MACHINE_ACCOUNT if p.machine else account,
         "name": grant.identity,
         "nats": nats,
     }
 
 
 class AuthCallout:
-    """The responder on `$SYS.REQ.USER.AUTH`, signing as `issuer` for `account`."""
+    """The responder on `$SYS.REQ.USER.AUTH`, signing as `issuer` for `account` (a machine's
+    grant: for the machines' account)."""
 
     def __init__(
         self,

@@ -9,7 +9,11 @@ which subjects each service may use:
 - only the scheduler writes machines' `desired` keys and its region's leader lease, and publishes
   workload events;
 - only the proxy (and later the gateway) read the `routes` bucket, which holds workloads' tokens;
-- an agent reaches its own machine's keys and nothing else (the template FIELD-NOTES checked).
+- an agent reaches its own machine's keys and nothing else (the template FIELD-NOTES checked),
+  from an account of the machines' own (`accounts.MACHINE_ACCOUNT`, ADR-0028): it creates no
+  consumer (a consumer's deliver subject, and any request's reply subject, would otherwise let
+  it make the server publish anywhere in the app account), and the account bounds its payloads
+  and subscriptions.
 Each identity has its own inbox prefix, so no one reads another's replies.
 """
 
@@ -44,6 +48,9 @@ class Permissions:
     subscribe: tuple[str, ...]
     publish_deny: tuple[str, ...] = ()
     allow_responses: bool = False
+    machine: bool = False
+    """A machine's (an agent's): its session lives in the machines' account, which reaches the
+    app account only through the imports of its machines' keys, within the account's limits."""
 
     def to_conf(self) -> str:
         """The `permissions { … }` block of a nats-server config."""
@@ -239,26 +246,25 @@ def service_permissions(identity: str) -> Permissions:
 
 
 def agent_permissions(identity: str, machine_ids: Sequence[str] | None = None) -> Permissions:
-    """An agent's: its machines' own keys, their pinned watches, its own inbox; nothing else.
+    """An agent's: its machines' own keys and its own inbox; nothing else.
 
     `identity` is the agent's (its machine id); a sim agent hosting several machines names them
-    in `machine_ids`.
+    in `machine_ids`. It watches its desired key with a plain subscription to the key's subject
+    and reads it with a direct get after every (re)connect: no consumer, so nothing it could point
+    at another subject (ADR-0028). Its session is a machine's (`Permissions.machine`).
     """
     machines = names.MACHINES
-    publish: list[str] = [f"$JS.FC.{machines.stream}.>"]
+    publish: list[str] = []
     subscribe: list[str] = [f"{names.agent_inbox_prefix(identity)}.>"]
     for m in machine_ids or [identity]:
         desired = machines.key_subject(names.desired_key(m))
-        consumer = names.desired_watch_consumer(m)
         publish += [
             f"$JS.API.DIRECT.GET.{machines.stream}.{desired}",
-            f"$JS.API.CONSUMER.CREATE.{machines.stream}.{consumer}.{desired}",
-            f"$JS.API.CONSUMER.DELETE.{machines.stream}.{consumer}",
             machines.key_subject(names.observed_key(m)),
             machines.key_subject(names.inventory_key(m)),
         ]
         subscribe.append(desired)
-    return Permissions(publish=tuple(publish), subscribe=tuple(subscribe))
+    return Permissions(publish=tuple(publish), subscribe=tuple(subscribe), machine=True)
 
 
 # --- seeds on disk ----------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 An agent may not call `js.key_value()` (its stream-info call can list every key) nor nats-py's
 `kv.watch` (it creates consumers through the unfiltered API). It binds the bucket directly and
-watches its one key through an ordered consumer with a pinned name and a filter subject.
+watches its one key with a plain subscription (`key_subscription`, ADR-0028).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ async def watch_key(
 ) -> JetStreamContext.PushSubscription:
     """An ordered push subscription on one key, starting with its latest value.
 
-    The consumer is created with a pinned name and a filter subject, the one form Lab's
-    per-machine permissions allow.
+    The consumer is created with a pinned name and a filter subject. For trusted clients: a
+    machine creates no consumer (ADR-0028).
     """
     return await js.subscribe(
         bucket.key_subject(key),

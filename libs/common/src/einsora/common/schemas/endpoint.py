@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from typing import Annotated
 
 from pydantic import Field
 
@@ -88,6 +89,53 @@ class CountSource(StrEnum):
     """Neither was available: an estimate from the text's length."""
 
 
+MAX_TOKEN_COUNT = 2**31 - 1
+"""The most tokens one request's prompt or completion count may be: far above any model's
+context, and small enough that the store's 64-bit sums of them never overflow. A number outside
+0 to this is no count (issue 34, N8)."""
+
+MAX_CLAIM_LENGTH = 64
+"""`CountCap.claimed` is cut to this many characters."""
+
+
+class TokenKind(StrEnum):
+    """The two counts of a request."""
+
+    prompt = "prompt"
+    completion = "completion"
+
+
+class CapReason(StrEnum):
+    """Why the gateway did not take a count as its source gave it."""
+
+    above_request = "above_request"
+    """More than the request could use: a completion above `max_tokens` for each answer asked
+    for, a prompt above what the request's size allows. Capped at that."""
+    not_a_count = "not_a_count"
+    """Not a whole number from 0 to `MAX_TOKEN_COUNT` (negative, 2^70, 1.5, "12", true): the
+    gateway counted that part itself, as when no usage comes."""
+
+
+class CountCap(Message):
+    """One count of a request the gateway capped: which, who claimed what, and why.
+
+    An upstream is believed only about its own answer, within what the request could use; the
+    count in the `TokenUsage` is the capped one, this is what was claimed.
+    """
+
+    kind: TokenKind
+    source: CountSource
+    """Who claimed it: the upstream's `usage`, or the upstream's tokenizer."""
+    claimed: str = Field(max_length=MAX_CLAIM_LENGTH)
+    """What it claimed, as JSON (`2000000`, `-3`, `"12"`), cut to `MAX_CLAIM_LENGTH`."""
+    reason: CapReason
+
+
+TokenCount = Annotated[int, Field(strict=True, ge=0, le=MAX_TOKEN_COUNT)]
+"""A number of tokens: a whole number (JSON `5.0`, `"5"` and `true` are not) from 0 to
+`MAX_TOKEN_COUNT`; a message with any other is poison."""
+
+
 class TokenUsage(Message):
     """`usage.tokens.<tenant>`: one gateway request's tokens (`Nats-Msg-Id` = `request_id`)."""
 
@@ -97,8 +145,11 @@ class TokenUsage(Message):
     endpoint: str
     """The replica (workload id) that answered."""
     model: str
-    prompt_tokens: int = Field(ge=0)
-    completion_tokens: int = Field(ge=0)
+    prompt_tokens: TokenCount
+    completion_tokens: TokenCount
     source: CountSource
-    status: int = 200
+    status: int = Field(default=200, strict=True, ge=100, le=999)
+    """The HTTP status of the answer (499: the client went away; 502: the stream was cut)."""
     at: datetime = Field(default_factory=utcnow)
+    capped: list[CountCap] = Field(default_factory=list, max_length=len(TokenKind) * len(CapReason))
+    """The counts the gateway capped, and what was claimed (none: each taken as it came)."""

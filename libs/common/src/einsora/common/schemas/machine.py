@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from einsora.common.schemas.base import Message, utcnow
 from einsora.common.vocab import WorkloadKind
@@ -82,12 +82,14 @@ class ObservedPhase(StrEnum):
 class Endpoint(Message):
     """Where a running workload answers, from the agent's machine."""
 
-    host: str
-    port: int
-    runtime: str | None = None
+    host: str = Field(max_length=255)
+    port: int = Field(ge=1, le=65535)
+    runtime: str | None = Field(default=None, max_length=32)
     """What serves an endpoint there (`EndpointRuntime`, or `sim` when simulated): the gateway
     counts tokens by it."""
-    ports: dict[str, int] = Field(default_factory=dict)
+    ports: dict[Annotated[str, Field(max_length=32)], Annotated[int, Field(ge=1, le=65535)]] = (
+        Field(default_factory=dict, max_length=8)
+    )
     """Its other ports on `host`, by what they carry: a VM's `ssh` and `console` (its serial
     console's relay) and, when it serves one, `http` (then also `port`)."""
 
@@ -152,31 +154,41 @@ class Gpu(Message):
     slices beside it (`mig`, with its profile and its parent's uuid), each a device of its own.
     """
 
+    NOTE_MAX: ClassVar[int] = 1024
+
     index: int
-    uuid: str
-    model: str
+    uuid: str = Field(max_length=128)
+    model: str = Field(max_length=128)
     """As NVML names it (`NVIDIA H200`; a slice: `NVIDIA H200 MIG 1g.18gb`)."""
     memory_mib: int
     mig: bool = False
     """A MIG slice: a device of its own, carved from `parent_uuid`."""
-    mig_profile: str | None = None
+    mig_profile: str | None = Field(default=None, max_length=32)
     """A slice's profile (`1g.18gb`, `3g.71gb`)."""
-    parent_uuid: str | None = None
+    parent_uuid: str | None = Field(default=None, max_length=128)
     """A slice's GPU."""
     mig_mode: bool = False
     """A whole GPU in MIG mode: only its slices are given out, never the GPU whole."""
-    device_numbers: list[str] = Field(default_factory=list, max_length=8)
+    device_numbers: list[Annotated[str, Field(max_length=16)]] = Field(
+        default_factory=list, max_length=8
+    )
     """The device nodes (`major:minor`) a workload given it must open besides the driver's
     shared ones: `/dev/nvidia<N>` (a slice: its GPU's) and a slice's MIG capability nodes.
     [] where unknown (not Linux, or not read)."""
     health: GpuHealth = GpuHealth.ok
-    pci_address: str | None = None
+    pci_address: str | None = Field(default=None, max_length=32)
     """Its PCI address (`0000:65:00.0`), where the machine reports it."""
     iommu_group: int | None = None
     """Its IOMMU group; None: no IOMMU (or not reported), so no passthrough."""
     passthrough: bool = False
     """Whether a VM can be given it whole through VFIO (`passthrough_note` says why not)."""
-    passthrough_note: str = ""
+    passthrough_note: str = Field(default="", max_length=NOTE_MAX)
+    """Cut at `NOTE_MAX` characters: it may quote an error."""
+
+    @field_validator("passthrough_note", mode="before")
+    @classmethod
+    def _cut_note(cls, value: object) -> object:
+        return value[: cls.NOTE_MAX] if isinstance(value, str) else value
 
 
 class Virtualization(StrEnum):
@@ -192,16 +204,26 @@ class DriverReport(Message):
     """What an agent found of one driver's engine: whether it is there, and the facts that
     decide what the scheduler may give it. The isolation it gives is the catalog's to say."""
 
-    name: str
+    DETAIL_MAX: ClassVar[int] = 1024
+
+    name: str = Field(max_length=32)
     available: bool
-    detail: str = ""
-    """In words: the engine's version and address, or why it is not available."""
+    detail: str = Field(default="", max_length=DETAIL_MAX)
+    """In words: the engine's version and address, or why it is not available (cut at
+    `DETAIL_MAX` characters: it may quote an engine's error)."""
     virtualization: Virtualization | None = None
     """libvirt: KVM or software emulation."""
-    runtimes: list[str] = Field(default_factory=list)
+    runtimes: list[Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=list, max_length=16
+    )
     """docker: the OCI runtimes the engine has (`runc`, `kata`, `nvidia`, …)."""
     gpus: bool = False
     """Whether it can give workloads GPUs (VFIO passthrough; NVIDIA's container toolkit)."""
+
+    @field_validator("detail", mode="before")
+    @classmethod
+    def _cut_detail(cls, value: object) -> object:
+        return value[: cls.DETAIL_MAX] if isinstance(value, str) else value
 
 
 class DeviceConfinement(Message):
@@ -214,30 +236,39 @@ class DeviceConfinement(Message):
 
 
 class Inventory(Message):
-    """`<machine>.inventory`: what the machine has and what Einsora may use."""
+    """`<machine>.inventory`: what the machine has and what Einsora may use.
 
-    machine_id: str
-    region: str
-    hostname: str
-    os: str
-    arch: str
+    Bounded (issue 34, N7): what a machine says of itself is read by the scheduler and the api,
+    so its lists and texts have limits (a machine of 16 GPUs in MIG mode lists 128 devices) and
+    a value over `MAX_BYTES` is refused before it is parsed.
+    """
+
+    MAX_BYTES: ClassVar[int] = 256 * 1024
+
+    machine_id: str = Field(max_length=128)
+    region: str = Field(max_length=64)
+    hostname: str = Field(max_length=255)
+    os: str = Field(max_length=64)
+    arch: str = Field(max_length=32)
     cpus: int
     memory_mib: int
-    gpus: list[Gpu] = Field(default_factory=list)
-    apple_chip: str | None = None
+    gpus: list[Gpu] = Field(default_factory=list, max_length=256)
+    apple_chip: str | None = Field(default=None, max_length=64)
     unified_memory_mib: int | None = None
-    drivers: list[str] = Field(default_factory=list)
+    drivers: list[Annotated[str, Field(max_length=32)]] = Field(default_factory=list, max_length=16)
     """The drivers it can run workloads with now (an engine that is not reachable is not
     listed; `engines` says why)."""
-    engines: list[DriverReport] = Field(default_factory=list)
+    engines: list[DriverReport] = Field(default_factory=list, max_length=16)
     """What it found of each engine-backed driver (libvirt, docker), reachable or not."""
-    runtimes: list[str] = Field(default_factory=list)
+    runtimes: list[Annotated[str, Field(max_length=32)]] = Field(
+        default_factory=list, max_length=16
+    )
     """Endpoint runtimes this machine can serve (`EndpointRuntime` values); the sim driver
     simulates them all."""
     device_confinement: DeviceConfinement | None = None
     """Whether the `process` driver holds workloads to their own GPUs' device nodes here; None:
     the agent does not say (the sim driver, or an agent older than this field)."""
-    agent_version: str = ""
+    agent_version: str = Field(default="", max_length=64)
     reclaimed_at: datetime | None = None
     """When the owner reclaimed the machine on the machine itself (`einsora agent reclaim`,
     which works while the control plane is unreachable); None: not reclaimed there."""
@@ -309,9 +340,14 @@ class Enrolment(Message):
     they count like `guests`."""
     tunnel: bool = False
     """Its workloads are reached through the tunnel its agent dials (it accepts no inbound
-    connection); False: directly at the address the agent reports (Solo, the same host)."""
+    connection); False: directly, at `address`."""
     tunnel_key: str | None = None
     """The agent's SSH public key (OpenSSH format): the tunnel hub knows the machine by it."""
+    address: str | None = Field(default=None, max_length=255)
+    """Where the control plane reaches a direct machine (`tunnel` False): its workloads' routes
+    point there, whatever its agent reports (ADR-0026). The control plane's own machines are at
+    `127.0.0.1`; a machine that joined directly, at the address it was enrolled with. None: no
+    direct route is written for it."""
     reclaim_grace_s: float = Field(default=120.0, ge=0)
     """How long guests' workloads keep running after the owner reclaims the machine."""
     guest_min_runtime_s: float = Field(default=600.0, ge=0)

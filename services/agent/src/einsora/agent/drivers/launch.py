@@ -23,12 +23,16 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from einsora.agent.drivers import devices
 from einsora.agent.drivers.base import StartFailed
 from einsora.agent.drivers.probe import Probe
 from einsora.agent.runtimes import available, models, plans
 from einsora.common.schemas import DesiredWorkload, EndpointRuntime, WorkloadKind
+
+if TYPE_CHECKING:  # a module that imports the drivers
+    from einsora.agent.downloads import DownloadPolicy
 
 PASSED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "TZ", "TMPDIR")
 """The only variables of the agent's own environment a workload inherits."""
@@ -170,9 +174,14 @@ def models_dir(dirs: WorkloadDirs) -> Path:
     return dirs.root.parent.parent / "models"
 
 
-async def prepare(workload: DesiredWorkload, dirs: WorkloadDirs, python: str) -> LaunchPlan:
-    """`plan`, once an endpoint's model is resolved and checked (downloaded if need be), or
-    StartFailed saying what is wrong."""
+async def prepare(
+    workload: DesiredWorkload,
+    dirs: WorkloadDirs,
+    python: str,
+    downloads: DownloadPolicy | None = None,
+) -> LaunchPlan:
+    """`plan`, once an endpoint's model is resolved and checked (downloaded if need be, as the
+    machine owner's `downloads` policy allows), or StartFailed saying what is wrong."""
     model = None
     if workload.kind is WorkloadKind.endpoint:
         spec = plans.read_spec(workload.spec)
@@ -182,7 +191,7 @@ async def prepare(workload: DesiredWorkload, dirs: WorkloadDirs, python: str) ->
                     f"the {spec.runtime.value} runtime needs spec.model: the path or https URI "
                     "of a .gguf or .safetensors file (or a directory of safetensors)"
                 )
-            model = await models.resolve(spec.model, models_dir(dirs))
+            model = await models.resolve(spec.model, models_dir(dirs), policy=downloads)
     return plan(workload, dirs, python, model)
 
 

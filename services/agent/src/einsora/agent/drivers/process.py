@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -43,6 +43,9 @@ from einsora.common.schemas import (
     WorkloadKind,
     utcnow,
 )
+
+if TYPE_CHECKING:  # a module that imports the drivers
+    from einsora.agent.downloads import DownloadPolicy
 
 RELEASE_TRIES = 20
 """How often a stopped workload's device cgroup is tried for removal, 50 ms apart (its last
@@ -72,6 +75,9 @@ class ProcessOptions:
     gpus: Callable[[], list[Gpu]] | None = None
     """This machine's GPUs as its inventory lists them (their uuids and device nodes); None:
     not known to the driver, so booked GPUs are not checked against them."""
+    downloads: DownloadPolicy | None = None
+    """What an endpoint's model download may reach and bring (the machine owner's settings);
+    None: public addresses only, within the default cap."""
 
 
 @dataclass
@@ -123,7 +129,7 @@ class ProcessDriver:
                 user = await asyncio.to_thread(self.uids.claim, workdir)
             dirs = launch.WorkloadDirs(workdir, None if user is None else user.home)
             dirs.create()
-            plan = await launch.prepare(workload, dirs, self.options.python)
+            plan = await launch.prepare(workload, dirs, self.options.python, self.options.downloads)
             booked = self._booked(workload)
             if user is not None:
                 self._check_isolated(workload, plan, workdir, user)

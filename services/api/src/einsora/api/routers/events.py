@@ -41,7 +41,7 @@ STREAM_TEXT = (
     f"`{CHANGE}` for each change as the scheduler makes it (data: `WorkloadChangeOut`). A frame "
     "with an `id` and no data moves the id on past a change the snapshot already showed. "
     "`: ping` comments keep a silent stream open. At most `api_streams_per_token` (8) streams "
-    "per API token (429 past it)."
+    "per user in a tenant, all their API tokens and dashboard sessions together (429 past it)."
 )
 
 

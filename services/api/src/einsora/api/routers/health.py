@@ -1,15 +1,18 @@
 """`/healthz` (the process answers) and `/readyz` (store and NATS reachable). `/metrics` is on
-a port of its own (`metrics.metrics_app`), never on this one."""
+a port of its own (`metrics.metrics_app`), never on this one. Neither counts against a client
+address's rate limit (`deps.context`): a probe checks no credential, and a load balancer whose
+probes a flood through the same address could refuse would take a healthy api out of service."""
 
 from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.responses import Response
 
-from einsora.api.deps import ERROR_TEXT, Ctx, operation_id, reply
+from einsora.api.context import ApiContext
+from einsora.api.deps import ERROR_TEXT, operation_id, reply
 from einsora.api.schemas.health import HealthOut, ReadyOut
 
 router = APIRouter(tags=["health"], generate_unique_id_function=operation_id)
@@ -26,7 +29,8 @@ async def healthz() -> Response:
     response_model=ReadyOut,
     responses={503: {"model": ReadyOut, "description": ERROR_TEXT[503]}},
 )
-async def readyz(ctx: Ctx) -> Response:
+async def readyz(request: Request) -> Response:
+    ctx: ApiContext = request.app.state.ctx
     checks = {"store": "ok", "bus": "ok" if ctx.bus_connected() else "not connected"}
     try:
         await asyncio.wait_for(ctx.store.ping(), 2.0)

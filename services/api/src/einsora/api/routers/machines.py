@@ -2,7 +2,8 @@
 (sharing is `machine_sharing.py`'s).
 
 The join exchange and `self` authenticate no API token: the first carries a join token in its
-body, the second the machine's own credential (`Authorization: Bearer agk_…`).
+body, the second the machine's own credential (`Authorization: Bearer agk_…`); both count
+against their client address's rate limit (`deps.context`).
 """
 
 from __future__ import annotations
@@ -112,7 +113,12 @@ async def create_join_token(
 ) -> Response:
     settings = call.ctx.settings
     made = await machines.create_join_token(
-        call.ctx.store, call.me, body, default_region=settings.region, now=call.ctx.clock()
+        call.ctx.store,
+        call.me,
+        body,
+        default_region=settings.region,
+        now=call.ctx.clock(),
+        direct_networks=settings.direct_machine_networks,
     )
     fingerprint = tls_fingerprint(settings.nats_tls_cert)
     command = f"einsora agent join {_api_url(settings, request)} --token {made.token}"
@@ -160,7 +166,7 @@ async def revoke_join_token(call: Me, token_id: TokenId) -> Response:
     summary="A machine's agent exchanges a join token, once, for its id and credential",
     response_model=JoinReply,
     status_code=201,
-    responses=errors(401, *BODY_ERRORS, 503),
+    responses=errors(401, 403, *BODY_ERRORS, 429, 503),
 )
 async def join(
     ctx: Ctx, request: Request, body: Annotated[JoinRequest, Depends(JsonBody(JoinRequest))]
@@ -173,7 +179,15 @@ async def join(
         hub_key = hub_key_path.read_text().strip()
     except OSError:
         hub_key = None
-    joined = await machines.join(ctx.store, body, now=ctx.clock(), hub_running=hub_key is not None)
+    joined = await machines.join(
+        ctx.store,
+        body,
+        now=ctx.clock(),
+        hub_running=hub_key is not None,
+        # Where it joined from (a trusted proxy's forwarded address: EINSORA_TRUSTED_PROXIES).
+        peer=None if request.client is None else request.client.host,
+        direct_networks=settings.direct_machine_networks,
+    )
     enrolment = joined.enrolment
     if enrolment.tunnel:
         assert hub_key is not None  # join refuses a tunnelled machine without a hub
@@ -215,7 +229,7 @@ async def join(
     "/v1/machines/self",
     summary="What the control plane knows of the calling machine (its agent's credential)",
     response_model=MachineSelf,
-    responses=errors(401),
+    responses=errors(401, 429),
 )
 async def machine_self(ctx: Ctx, request: Request) -> Response:
     header = request.headers.get("authorization") or ""

@@ -1,12 +1,14 @@
-"""`/v1/me`, `/v1/tenants`, tenant members and invitations (ADR-0008)."""
+"""`/v1/me`, `/v1/tenants`, tenant members and invitations (ADR-0008), and offboarding a member
+(issue 34, N11: `services/members.py`)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query
+from fastapi import APIRouter, Depends, Path, Query, Request
 from starlette.responses import Response
 
+from einsora.api.context import ApiContext
 from einsora.api.deps import (
     AUTH_ERRORS,
     BODY_ERRORS,
@@ -19,24 +21,28 @@ from einsora.api.deps import (
     operation_id,
     reply,
 )
+from einsora.api.gateway_keys_sync import GatewayKeysSync
 from einsora.api.schemas.common import PageQuery
+from einsora.api.schemas.members import CredentialsRevoked, MemberRemoved, MemberRole
 from einsora.api.schemas.tenants import (
     InvitationCreate,
     InvitationCreated,
     InvitationPage,
     InvitationRedeem,
     Joined,
+    MemberOut,
     MemberPage,
     MeOut,
     TenantCreate,
     TenantOut,
     TenantPage,
 )
-from einsora.api.services import invitations, tenants
+from einsora.api.services import invitations, members, tenants
 
 router = APIRouter(tags=["tenants"], generate_unique_id_function=operation_id)
 TenantId = Annotated[str, Path(alias="id")]
 InvitationId = Annotated[str, Path(alias="id")]
+UserRef = Annotated[str, Path(alias="user", description="the member's user id or username")]
 Page = Annotated[PageQuery, Query()]
 
 
@@ -140,7 +146,7 @@ async def accept_invitation(call: Me, invitation_id: InvitationId) -> Response:
     "first token (shown once). No API token needed.",
     response_model=Joined,
     status_code=201,
-    responses=errors(*BODY_ERRORS, 404, 409),
+    responses=errors(*BODY_ERRORS, 404, 409, 429),
 )
 async def redeem_invitation(
     ctx: Ctx, body: Annotated[InvitationRedeem, Depends(JsonBody(InvitationRedeem))]
@@ -156,3 +162,62 @@ async def redeem_invitation(
 )
 async def list_members(call: Me, tenant_id: TenantId, query: Page) -> Response:
     return reply(await tenants.list_members(call.ctx.store, call.me, tenant_id, query))
+
+
+async def _dropped(request: Request, ctx: ApiContext, done: members.Offboarded) -> None:
+    """Tell every replica, and the gateway, what an offboarding revoked (after its commit)."""
+    if done.forget:
+        await ctx.revoked(done.forget)  # refused from the next request on, on every replica
+    sync: GatewayKeysSync | None = getattr(request.app.state, "gateway_keys", None)
+    if sync is not None:
+        for key_id in done.gateway_keys:
+            await sync.revoked(key_id)  # refused by the gateway before the answer is sent
+
+
+@router.patch(
+    "/v1/tenants/{id}/members/{user}",
+    summary="Change a member's role (its admins, the operator); it holds on every api replica "
+    "within a second, and a tenant always keeps an admin",
+    response_model=MemberOut,
+    responses=errors(*AUTH_ERRORS, *BODY_ERRORS, 403, 404, 409),
+)
+async def set_member_role(
+    call: Me,
+    tenant_id: TenantId,
+    user: UserRef,
+    body: Annotated[MemberRole, Depends(JsonBody(MemberRole))],
+) -> Response:
+    member, live = await members.set_role(call.ctx.store, call.me, tenant_id, user, body)
+    if live:
+        await call.ctx.revoked(live)  # forgotten everywhere: read again, with the new role
+    return reply(member)
+
+
+@router.delete(
+    "/v1/tenants/{id}/members/{user}/credentials",
+    summary="Revoke every credential a member holds in the tenant (API tokens, dashboard "
+    "sessions, gateway keys, join tokens), on every replica within a second; they stay a member",
+    response_model=CredentialsRevoked,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS, 403, 404, 503),
+)
+async def revoke_member_credentials(
+    call: Me, request: Request, tenant_id: TenantId, user: UserRef
+) -> Response:
+    ctx = call.ctx
+    done = await members.revoke_credentials(ctx.store, call.me, tenant_id, user, ctx.clock())
+    await _dropped(request, ctx, done)
+    return reply(done.answer)
+
+
+@router.delete(
+    "/v1/tenants/{id}/members/{user}",
+    summary="Remove a member from the tenant (its admins, the operator): every credential of "
+    "theirs there is revoked on every replica within a second; their workloads stay the tenant's",
+    response_model=MemberRemoved,
+    responses=errors(*AUTH_ERRORS, *PARAM_ERRORS, 403, 404, 409, 503),
+)
+async def remove_member(call: Me, request: Request, tenant_id: TenantId, user: UserRef) -> Response:
+    ctx = call.ctx
+    done = await members.remove(ctx.store, call.me, tenant_id, user, ctx.clock())
+    await _dropped(request, ctx, done)
+    return reply(done.answer)

@@ -27,15 +27,24 @@ router = APIRouter(tags=["tokens"], generate_unique_id_function=operation_id)
 
 @router.post(
     "/v1/tokens",
-    summary="Make an API token (its secret is shown only in this answer)",
+    summary="Make an API token (its secret is shown only in this answer); it never outlives "
+    "the credential that makes it, and a user holds at most `api_tokens_per_user` live ones",
     response_model=TokenCreated,
     status_code=201,
-    responses=errors(*AUTH_ERRORS, *BODY_ERRORS),
+    responses=errors(*AUTH_ERRORS, *BODY_ERRORS, 409),
 )
 async def create_token(
     call: Me, body: Annotated[TokenCreate, Depends(JsonBody(TokenCreate))]
 ) -> Response:
-    return reply(await tokens.create(call.ctx.store, call.me, body), 201)
+    ctx = call.ctx
+    made = await tokens.create(
+        ctx.store,
+        call.me,
+        body,
+        now=ctx.clock(),
+        max_live=ctx.settings.api_tokens_per_user,
+    )
+    return reply(made, 201)
 
 
 @router.get(

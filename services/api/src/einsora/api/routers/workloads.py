@@ -94,6 +94,7 @@ async def create_workload(
         if places
         else None,
         waits_because=ctx.regions.why_down(body.region or settings.region, ctx.clock()),
+        model_dirs=settings.model_dir_paths,
     )
     if not replayed and ctx.model_fallbacks is not None:
         record = model_fallback(out.id, out.tenant_id, out.name, list(out.fallback))

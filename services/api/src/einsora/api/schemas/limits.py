@@ -33,8 +33,10 @@ class TenantLimitsOut(BaseModel):
     updated_at: datetime | None = Field(description="When the operator last set it")
     workloads: int = Field(description="The tenant's workloads that are not removed, now")
     requests_per_minute: int | None = Field(
-        description="Requests per minute per API token; null: no limit"
+        description="Requests per minute per user in a tenant, all their API tokens and "
+        "dashboard sessions together; null: no limit"
     )
     launches_per_minute: int | None = Field(
-        description="Launches per minute per API token; null: no limit"
+        description="Launches per minute per user in a tenant, all their API tokens and "
+        "dashboard sessions together; null: no limit"
     )

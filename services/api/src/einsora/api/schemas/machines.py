@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, IPvAnyAddress
 
 from einsora.api.schemas.common import Label, Page, RequestBody
 from einsora.common.schemas import SharingLevel
@@ -34,7 +34,13 @@ class JoinTokenCreate(RequestBody):
     tunnel: bool = Field(
         default=True,
         description="its machines are reached through the tunnel their agents dial (they accept "
-        "no inbound connection); false: directly at the address the agent reports",
+        "no inbound connection); false: directly, at the address a machine joins from (the "
+        "operator's tokens, or an admin's from a network the operator allows)",
+    )
+    address: IPvAnyAddress | None = Field(
+        default=None,
+        description="with `tunnel: false`: the address its machine must join from, and is "
+        "reached at; null: the address it joins from",
     )
 
 
@@ -141,6 +147,11 @@ class MachineEnrolment(BaseModel):
         f"it while sharing is not private); {_OWNERS_ONLY}",
     )
     tunnel: bool | None = Field(description=_OWNERS_ONLY)
+    address: str | None = Field(
+        default=None,
+        description="where the control plane reaches a direct machine (its routes point there, "
+        f"whatever its agent reports); {_OWNERS_ONLY}",
+    )
     reclaim_grace_s: float = Field(
         default=120.0, description="how long guests keep running after the owner reclaims it"
     )

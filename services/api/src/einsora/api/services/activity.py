@@ -75,6 +75,9 @@ ACTIONS: dict[str, str] = {
     "end_session": "session.end",
     "create_sign_in_link": "sign_in_link.create",
     "set_password": "password.set",
+    "set_member_role": "member.role.set",
+    "revoke_member_credentials": "member.credentials.revoke",
+    "remove_member": "member.remove",
 }
 
 REDEEM_ACTION = "access.redeem"

@@ -1,24 +1,36 @@
-"""Endpoint launches: the spec's check, and its model file's where the api can read it.
+"""Endpoint launches: the spec's check, and its model file's where the operator lets the api look.
 
 An endpoint names its model file and the runtime that serves it (`EndpointSpec`). Weights that
 could run code when loaded (pickle: `.bin`, `.pt`, `.pth`, `.pkl`, …) are refused here, by
-name, before anything is stored; a path this api can read (Solo, or a shared disk) is also
-checked by content, so a renamed pickle is refused with a 422 at launch rather than a `failed`
-state a minute later. A path only the machine can read is checked there, by the agent, before
-the runtime loads it.
+name, before anything is stored. A path inside the directories the operator declared
+(`EINSORA_MODEL_DIRS`: Solo's model store, a disk shared with the machines) is also checked by
+content, so a renamed pickle or a missing file is a 422 at launch rather than a `failed` state a
+minute later.
+
+Any other path is the user's word: the agent of the machine that runs it checks it there, before
+the runtime loads it. The api never looks at it, so a launch is answered the same whether
+something is at that path on the api's host or not: the api (root, in Solo) is no oracle of its
+host's files. Whether a path is inside a declared directory is decided by its name alone
+(`..` resolved as text), before any file is touched.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from pydantic import ValidationError
 
 from einsora.api.errors import field_error
 from einsora.common import weights
 from einsora.common.schemas import EndpointRuntime, EndpointSpec
+
+ModelDirs = Sequence[Path]
+"""The directories the operator lets the api look into (`Settings.model_dir_paths`)."""
 
 
 def check_spec(spec: dict[str, Any]) -> EndpointSpec:
@@ -54,15 +66,30 @@ def check_spec(spec: dict[str, Any]) -> EndpointSpec:
     return endpoint
 
 
-async def check_weights(endpoint: EndpointSpec) -> None:
-    """A 422 when the model file is on this api's disk and is not what its name says. The
-    check reads headers only (tens of milliseconds for a large GGUF), off the event loop."""
-    model = endpoint.model
-    if model is None or (weights.is_uri(model) and not model.startswith("file://")):
+async def check_weights(endpoint: EndpointSpec, model_dirs: ModelDirs) -> None:
+    """A 422 when the model is in one of the operator's `model_dirs` and is missing or not what
+    its name says; nothing at all for a model anywhere else. The check reads headers only (tens
+    of milliseconds for a large GGUF), off the event loop."""
+    path = declared_path(endpoint.model, model_dirs)
+    if path is None:
         return
-    path = Path(model.removeprefix("file://"))
     try:
-        if await asyncio.to_thread(path.exists):
-            await asyncio.to_thread(weights.check_file, path)
+        await asyncio.to_thread(weights.check_file, path)
     except weights.WeightsRefused as exc:
         raise field_error("spec.model", exc.message, kind="weights_refused") from exc
+
+
+def declared_path(model: str | None, model_dirs: ModelDirs) -> Path | None:
+    """`model` as a path inside one of `model_dirs` (normalised by name), or None when it is
+    not a local path there (a URI, another host's file, a relative path, anywhere else)."""
+    if model is None or not model_dirs:
+        return None
+    if weights.is_uri(model):
+        parts = urlsplit(model)
+        if parts.scheme.lower() != "file" or parts.netloc not in ("", "localhost"):
+            return None
+        model = unquote(parts.path)
+    if not model.startswith("/"):
+        return None
+    path = Path(os.path.normpath(model))
+    return path if any(path.is_relative_to(d) for d in model_dirs) else None

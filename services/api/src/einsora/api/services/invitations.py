@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Row
@@ -240,10 +240,16 @@ async def admit(
 
 
 async def _join(
-    conn: AsyncConnection, row: Row[tuple[object, ...]], user_id: str, token_name: str
+    conn: AsyncConnection,
+    row: Row[tuple[object, ...]],
+    user_id: str,
+    token_name: str,
+    expires_at: datetime | None = None,
 ) -> Joined:
     tenant, role = await admit(conn, row, user_id)
-    token = await tokens.issue(conn, tenant_id=tenant.id, user_id=user_id, name=token_name)
+    token = await tokens.issue(
+        conn, tenant_id=tenant.id, user_id=user_id, name=token_name, expires_at=expires_at
+    )
     return Joined(
         user=UserOut(id=user_id, username=row._mapping["username"]),
         tenant=tenant,
@@ -264,7 +270,9 @@ async def accept(store: Store, principal: Principal, invitation_id: str) -> Join
                 m.invitations.c.user_id == principal.user_id,
             ),
         )
-        return await _join(conn, row, principal.user_id, f"joined {row.tenant_name}")
+        # The new token never outlives the credential that accepted (issue 34, N12).
+        bound, _ = await tokens.expiry_bound(conn, principal, utcnow())
+        return await _join(conn, row, principal.user_id, f"joined {row.tenant_name}", bound)
 
 
 async def redeem(store: Store, body: InvitationRedeem) -> Joined:

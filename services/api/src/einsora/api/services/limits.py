@@ -1,9 +1,16 @@
-"""Limits: rate limits per API token, and the operator's cap on a tenant's workloads.
+"""Limits: rate limits per account and per client address, and the operator's cap on a
+tenant's workloads.
 
-Rate limits count requests, and launches, per API token in fixed one-minute windows held in
-this process's memory (the `limits` library): a refusal is a 429 whose `Retry-After` is the
-seconds until the window ends. Several api replicas each count on their own, so a token may make
-up to that many times the limit in all. A limit of 0 is off.
+Accounts, not tokens, carry limits: requests, and launches, count per user in a tenant, all
+their API tokens and dashboard sessions together, since anyone may mint tokens for themself as
+fast as they like. The routes that take no API token (sign-in, joins, invitations; not the
+probes, `routers/health.py`) count per client address instead: the connection's, or what a
+proxy of `trusted_proxies` says it forwarded (a client's own `X-Forwarded-For` is never
+believed: `trusted_proxies.py`), an IPv6 one by its /64, which one subscriber usually holds
+whole. Each is counted in fixed one-minute windows held in this process's memory (the `limits`
+library): a refusal is a 429 whose `Retry-After` is the seconds until the window ends. Several
+api replicas each count on their own, so an account may make up to that many times the limit
+in all. A limit of 0 is off.
 
 The workload cap counts a tenant's workloads that are not removed (parked and failed ones hold
 a place until removed). The operator sets it per tenant (`tenant_limits`); a tenant without a
@@ -14,6 +21,7 @@ ever.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import time
 from dataclasses import dataclass
@@ -24,6 +32,7 @@ from limits.aio.storage import MemoryStorage
 from limits.aio.strategies import FixedWindowRateLimiter
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
+from starlette.types import Scope
 
 from einsora.api import models as m
 from einsora.api.auth import Principal
@@ -41,48 +50,97 @@ class _Limit:
     """How the limit is named to the caller (`details[].field`)."""
     item: RateLimitItem
     what: str
+    per: str
+    """Whose limit it is ("per user in a tenant…")."""
+
+
+_ACCOUNT = "per user in a tenant, all their API tokens and dashboard sessions together"
+_YOURS = (
+    "you are over your limit of {limit} in this tenant (all your API tokens and dashboard "
+    "sessions count together)"
+)
 
 
 class RateLimits:
-    """Requests and launches per minute per API token; `check` raises RateLimited past one."""
+    """Requests and launches per minute per account (a user in a tenant), and requests per
+    minute per client address to the routes that take no token; `check` and `check_address`
+    raise RateLimited past one."""
 
-    def __init__(self, requests_per_minute: int, launches_per_minute: int) -> None:
+    def __init__(
+        self,
+        requests_per_minute: int,
+        launches_per_minute: int,
+        unauthenticated_per_minute: int = 0,
+    ) -> None:
         self._limiter = FixedWindowRateLimiter(MemoryStorage())
-        self._requests = _limit("requests_per_minute", requests_per_minute, "requests")
-        self._launches = _limit("launches_per_minute", launches_per_minute, "launches")
+        self._requests = _limit("requests_per_minute", requests_per_minute, "requests", _ACCOUNT)
+        self._launches = _limit("launches_per_minute", launches_per_minute, "launches", _ACCOUNT)
+        self._unauthenticated = _limit(
+            "unauthenticated_requests_per_minute",
+            unauthenticated_per_minute,
+            "requests",
+            "per client address to the routes that take no API token",
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RateLimits:
-        return cls(settings.api_requests_per_minute, settings.api_launches_per_minute)
+        return cls(
+            settings.api_requests_per_minute,
+            settings.api_launches_per_minute,
+            settings.api_unauthenticated_requests_per_minute,
+        )
 
     async def check(self, principal: Principal, *, launch: bool) -> None:
-        """Count one request (and one launch) of `principal`'s token, or refuse it with 429."""
-        await self._hit(self._requests, principal.token_id)
+        """Count one request (and one launch) of `principal`'s account, or refuse it (429)."""
+        account = ("account", principal.tenant_id, principal.user_id)
+        await self._hit(self._requests, account, _YOURS)
         if launch:
-            await self._hit(self._launches, principal.token_id)
+            await self._hit(self._launches, account, _YOURS)
 
-    async def _hit(self, limit: _Limit | None, token_id: str) -> None:
-        if limit is None or await self._limiter.hit(limit.item, "token", token_id):
+    async def check_address(self, scope: Scope) -> None:
+        """Count one request to a route that takes no token from the request's client address,
+        or refuse it (429)."""
+        if self._unauthenticated is None:
             return
-        stats = await self._limiter.get_window_stats(limit.item, "token", token_id)
+        address = client_address(scope)
+        over = f"{address} is over its limit of {{limit}} to the routes that take no API token"
+        await self._hit(self._unauthenticated, ("address", address), over)
+
+    async def _hit(self, limit: _Limit | None, key: tuple[str, ...], over: str) -> None:
+        if limit is None or await self._limiter.hit(limit.item, *key):
+            return
+        stats = await self._limiter.get_window_stats(limit.item, *key)
         retry_after = max(1, math.ceil(stats.reset_time - time.time()))
-        per_minute = limit.item.amount
+        per_minute = f"{limit.item.amount} {limit.what} per minute"
         raise RateLimited(
-            f"this API token is over its limit of {per_minute} {limit.what} per minute; "
-            f"retry in {retry_after} s",
+            f"{over.replace('{limit}', per_minute)}; retry in {retry_after} s",
             details=[
-                {
-                    "field": limit.name,
-                    "message": f"{per_minute} {limit.what} per minute per API token",
-                    "type": "rate_limit",
-                }
+                {"field": limit.name, "message": f"{per_minute} {limit.per}", "type": "rate_limit"}
             ],
             headers={"Retry-After": str(retry_after)},
         )
 
 
-def _limit(name: str, per_minute: int, what: str) -> _Limit | None:
-    return _Limit(name, RateLimitItemPerMinute(per_minute), what) if per_minute else None
+def _limit(name: str, per_minute: int, what: str, per: str) -> _Limit | None:
+    return _Limit(name, RateLimitItemPerMinute(per_minute), what, per) if per_minute else None
+
+
+def client_address(scope: Scope) -> str:
+    """Whose request this is: the connection's address, or the one a trusted proxy forwarded
+    (uvicorn believes only `trusted_proxies`: `service.py`), an IPv6 one as its /64."""
+    client = scope.get("client")
+    if not client:
+        return "unknown"  # a Unix socket: one peer, whoever it is
+    host = str(client[0])
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
 
 
 def workload_cap(conn: sa.Connection, tenant_id: str, default: int) -> int | None:

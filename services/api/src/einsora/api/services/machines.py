@@ -5,8 +5,11 @@ tenant's, owned by its creator, in the token's region with its sharing level: th
 here, never from what an agent reports. An agent exchanges the token once (`join`) for its
 machine id and its own credential (`agk_…`); both secrets have 256 random bits and are stored
 only as their SHA-256. A single-use token used twice, an expired or revoked one, answers the
-same 401 (which of them is not told to whoever holds a stolen token). Revoking a machine keeps
-its row, so its credential is refused for good and everything it reports stays ignored.
+same 401 (which of them is not told to whoever holds a stolen token). A join reads its token
+(by its digest) before anything else: only one that checks out leads to a write, so a flood of
+bad joins holds up nobody's writes (one at a time on SQLite) and leaves no trace in the store.
+Revoking a machine keeps its row, so its credential is refused for good and everything it
+reports stays ignored.
 
 A machine's `Enrolment` is read from here whole, its `guests` included (the tenants whose
 machine invitation was accepted and not revoked, `services/machine_sharing.py`): every put to
@@ -17,10 +20,12 @@ the `enrolments` bucket and the repair pass take it from `enrolment_of` or `enro
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from ipaddress import IPv4Network, IPv6Network, ip_address, ip_network
 from typing import Any
 
 import sqlalchemy as sa
@@ -45,6 +50,8 @@ from einsora.common.bus.names import is_subject_token
 from einsora.common.ids import is_id, new_id
 from einsora.common.schemas import Enrolment, Inventory, Lend, SharingLevel, utcnow
 
+log = logging.getLogger("einsora.api.machines")
+
 JOIN_TOKEN_PREFIX = "agt_"  # noqa: S105 (a prefix, not a secret)
 CREDENTIAL_PREFIX = "agk_"
 
@@ -61,6 +68,65 @@ def may_enrol(principal: Principal) -> None:
     """Operators and tenant admins enrol machines; a member may not."""
     if not (principal.is_operator or principal.is_admin):
         raise Forbidden("only a tenant admin or the operator enrols machines")
+
+
+def networks(text: str) -> list[IPv4Network | IPv6Network]:
+    """`EINSORA_DIRECT_MACHINE_NETWORKS` as networks (an entry that is none is skipped, and
+    said in the log)."""
+    found: list[IPv4Network | IPv6Network] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        try:
+            found.append(ip_network(item, strict=False))
+        except ValueError:
+            log.warning("not a network in EINSORA_DIRECT_MACHINE_NETWORKS", extra={"entry": item})
+    return found
+
+
+def _within(address: str, allowed: list[IPv4Network | IPv6Network]) -> bool:
+    try:
+        ip = ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in net for net in allowed)
+
+
+def may_make_direct(principal: Principal, body: JoinTokenCreate, allowed: str) -> None:
+    """A machine reached directly is reached at an address the control plane connects to, so
+    making one is the operator's decision, or an admin's within networks the operator set
+    (ADR-0026)."""
+    if body.tunnel or principal.is_operator:
+        return
+    nets = networks(allowed)
+    if not nets:
+        raise Forbidden(
+            "only the operator makes join tokens for machines reached directly (tunnel: false): "
+            "make a tunnelled token, or ask the operator to set EINSORA_DIRECT_MACHINE_NETWORKS"
+        )
+    if body.address is not None and not _within(str(body.address), nets):
+        raise Forbidden(
+            f"{body.address} is not in the networks the operator allows direct machines in "
+            "(EINSORA_DIRECT_MACHINE_NETWORKS)"
+        )
+
+
+def direct_address(token: Any, peer: str | None, allowed: str) -> str:
+    """Where a machine joining directly with `token` is reached: the address it joined from,
+    which must be the one the token names (if it names one) and, for a token an admin made, in
+    the networks the operator allows. Refused (403) otherwise, its use kept."""
+    if peer is None:
+        raise Forbidden("the address this join came from is not known, so no direct machine")
+    if token.address is not None and peer != token.address:
+        raise Forbidden(
+            f"this token is for a machine joining from {token.address}, not from {peer}"
+        )
+    if not token.by_operator and not _within(peer, networks(allowed)):
+        raise Forbidden(
+            f"{peer} is not in the networks the operator allows direct machines in "
+            "(EINSORA_DIRECT_MACHINE_NETWORKS)"
+        )
+    return peer
 
 
 @dataclass(frozen=True)
@@ -81,9 +147,11 @@ async def create_join_token(
     *,
     default_region: str,
     now: datetime | None = None,
+    direct_networks: str = "",
 ) -> NewJoinToken:
     """A token for machines of the caller's tenant, committed."""
     may_enrol(principal)
+    may_make_direct(principal, body, direct_networks)
     region = body.region or default_region
     if not is_subject_token(region, 64):
         raise Unprocessable(
@@ -106,6 +174,8 @@ async def create_join_token(
                 region=region,
                 sharing=body.sharing.value,
                 tunnel=body.tunnel,
+                address=None if body.tunnel or body.address is None else str(body.address),
+                by_operator=principal.is_operator,
                 max_uses=body.uses,
                 uses=0,
                 created_at=now,
@@ -167,52 +237,61 @@ class Joined:
 _REFUSED = "this join token is unknown, used up, expired or revoked"
 
 
+def _usable(token: Any, now: datetime) -> bool:
+    return bool(token.revoked_at is None and token.expires_at > now and token.uses < token.max_uses)
+
+
 async def join(
-    store: Store, body: JoinRequest, *, now: datetime | None = None, hub_running: bool = True
+    store: Store,
+    body: JoinRequest,
+    *,
+    now: datetime | None = None,
+    hub_running: bool = True,
+    peer: str | None = None,
+    direct_networks: str = "",
 ) -> Joined:
-    """Spend one use of the token and enrol a new machine, in one unit of work.
+    """Spend one use of the token and enrol a new machine, in one unit of work, once a read
+    found the token usable.
 
     `hub_running`: whether this control plane runs a tunnel hub; a token for tunnelled machines
     is refused without one (and its use kept), rather than enrolling a machine nobody reaches.
+    `peer`: the address the join came from, where a direct machine is reached (`direct_address`).
     """
     if not body.token.startswith(JOIN_TOKEN_PREFIX):
         raise Unauthenticated(_REFUSED, code="join_token_invalid")
     now = now or utcnow()
+    found = sa.select(m.join_tokens).where(_t.secret_sha256 == secret_hash(body.token))
+    token = await store.query(lambda conn: conn.execute(found).first())
+    if token is None or not _usable(token, now):
+        raise Unauthenticated(_REFUSED, code="join_token_invalid")
     credential = _secret(CREDENTIAL_PREFIX)
     machine_id = new_id("machine")
+    # A join is the token's: its row names the token and its creator, and the machine.
+    activity_actor(tenant_id=token.tenant_id, user_id=token.user_id, token_id=token.id)
+    activity_target(machine_id)
+    if token.tunnel and not hub_running:
+        raise Unavailable(
+            "this control plane runs no tunnel hub, so a machine that accepts no inbound "
+            "connection cannot be reached: start the proxy (it runs the hub), or make a "
+            "token with `tunnel: false`"
+        )
+    if token.tunnel and body.tunnel_key is None:
+        raise Unprocessable(
+            "this token is for a machine reached through its tunnel: send `tunnel_key`",
+            details=[{"field": "tunnel_key", "message": "required", "type": "missing"}],
+        )
+    address = None if token.tunnel else direct_address(token, peer, direct_networks)
     async with store.write() as conn:
-        token = (
-            await conn.execute(
-                sa.select(m.join_tokens).where(_t.secret_sha256 == secret_hash(body.token))
-            )
-        ).first()
-        if token is not None:
-            # A join is the token's: its row names the token and its creator, and the machine.
-            activity_actor(tenant_id=token.tenant_id, user_id=token.user_id, token_id=token.id)
-            activity_target(machine_id)
-        if (
-            token is None
-            or token.revoked_at is not None
-            or token.expires_at <= now
-            or token.uses >= token.max_uses
-        ):
-            raise Unauthenticated(_REFUSED, code="join_token_invalid")
-        if token.tunnel and not hub_running:
-            raise Unavailable(
-                "this control plane runs no tunnel hub, so a machine that accepts no inbound "
-                "connection cannot be reached: start the proxy (it runs the hub), or make a "
-                "token with `tunnel: false`"
-            )
-        if token.tunnel and body.tunnel_key is None:
-            raise Unprocessable(
-                "this token is for a machine reached through its tunnel: send `tunnel_key`",
-                details=[{"field": "tunnel_key", "message": "required", "type": "missing"}],
-            )
         # The use is taken by a conditional update, so two machines racing for the last use
-        # cannot both have it.
+        # cannot both have it, nor one have it from a token revoked or expired since the read.
         spent = await conn.execute(
             sa.update(m.join_tokens)
-            .where(_t.id == token.id, _t.uses < _t.max_uses)
+            .where(
+                _t.id == token.id,
+                _t.uses < _t.max_uses,
+                _t.revoked_at.is_(None),
+                _t.expires_at > now,
+            )
             .values(uses=_t.uses + 1)
         )
         if spent.rowcount != 1:
@@ -225,6 +304,7 @@ async def join(
             sharing=SharingLevel(token.sharing),
             tunnel=token.tunnel,
             tunnel_key=body.tunnel_key,
+            address=address,
             enrolled_at=now,
         )
         await conn.execute(
@@ -238,6 +318,7 @@ async def join(
                 credential_sha256=secret_hash(credential),
                 tunnel=token.tunnel,
                 tunnel_key=body.tunnel_key,
+                address=address,
                 join_token_id=token.id,
                 enrolled_at=now,
             )
@@ -300,6 +381,21 @@ def lend_columns(lend: Lend | None) -> dict[str, Any]:
     }
 
 
+OWN_ADDRESS = "127.0.0.1"
+"""Where the control plane's own machines are (Solo's): this host."""
+
+
+def address_of(row: Any) -> str | None:
+    """Where the control plane reaches a direct machine: the address it joined from; the control
+    plane's own machines (enrolled without a join token) on this host; a machine that joined
+    directly before addresses were kept, none (its routes are refused)."""
+    if row.tunnel:
+        return None
+    if row.address is not None:
+        return str(row.address)
+    return OWN_ADDRESS if row.join_token_id is None else None
+
+
 def _enrolment(row: Any, guests: _Guests | None = None) -> Enrolment:
     return Enrolment(
         machine_id=row.id,
@@ -311,6 +407,7 @@ def _enrolment(row: Any, guests: _Guests | None = None) -> Enrolment:
         guest_users=guests.users if guests is not None else [],
         tunnel=row.tunnel,
         tunnel_key=row.tunnel_key,
+        address=address_of(row),
         reclaim_grace_s=row.reclaim_grace_s,
         guest_min_runtime_s=row.guest_min_runtime_s,
         reclaimed_at=row.reclaimed_at,
@@ -385,6 +482,7 @@ def shown(
         sharing=enrolment.sharing,
         guests=list(enrolment.guests) if whole else None,
         tunnel=enrolment.tunnel if whole else None,
+        address=enrolment.address if whole else None,
         reclaim_grace_s=enrolment.reclaim_grace_s,
         guest_min_runtime_s=enrolment.guest_min_runtime_s,
         reclaimed_at=enrolment.reclaimed_at,

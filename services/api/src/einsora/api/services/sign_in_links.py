@@ -16,6 +16,7 @@ from einsora.api import models as m
 from einsora.api.auth import Principal
 from einsora.api.bootstrap import OWNER_TENANT, OWNER_USERNAME
 from einsora.api.schemas.sessions import SignInLinkCreate, SignInLinkCreated
+from einsora.api.services import tokens
 from einsora.api.store import Store, activity_target
 from einsora.common.ids import new_id
 
@@ -38,9 +39,12 @@ async def _insert_link(
     operator: bool,
     now: datetime,
     minutes: int,
+    credential_expires_at: datetime | None = None,
 ) -> SignInLinkCreated:
     link_id, code = new_id("sign_in_link"), SIGN_IN_PREFIX + secrets.token_urlsafe(32)
     expires_at = now + timedelta(minutes=minutes)
+    if credential_expires_at is not None:  # never past its maker's (issue 34, N12)
+        expires_at = min(expires_at, credential_expires_at)
     await conn.execute(
         sa.insert(m.sign_in_links).values(
             id=link_id,
@@ -50,6 +54,7 @@ async def _insert_link(
             operator=operator,
             created_at=now,
             expires_at=expires_at,
+            credential_expires_at=credential_expires_at,
         )
     )
     return SignInLinkCreated(id=link_id, code=code, path=SIGN_IN_PATH + code, expires_at=expires_at)
@@ -59,7 +64,7 @@ async def mint_link(
     store: Store, principal: Principal, body: SignInLinkCreate, now: datetime
 ) -> SignInLinkCreated:
     """A one-time sign-in link for the caller themself, in the caller's tenant, with the
-    caller's operator rights (never more)."""
+    caller's operator rights and the expiry of the caller's credential (never more)."""
     async with store.write() as conn:
         made = await _insert_link(
             conn,
@@ -68,6 +73,7 @@ async def mint_link(
             operator=principal.is_operator,
             now=now,
             minutes=body.expires_in_minutes,
+            credential_expires_at=await tokens.credential_expiry(conn, principal),
         )
         activity_target(made.id)
         return made

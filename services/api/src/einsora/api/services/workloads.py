@@ -242,17 +242,19 @@ async def create(
     idempotency_key: str | None = None,
     machines: Mapping[str, MachineRecord] | None = None,
     waits_because: str | None = None,
+    model_dirs: endpoints.ModelDirs = (),
 ) -> tuple[WorkloadOut, bool]:
     """The new workload (pending) and False, or the first result of this Idempotency-Key and
     True. `default_cap` is the cap of a tenant the operator set none for (0: no cap).
     `machines`: those the caller may use, by id (for machine steps of its fallback chain);
-    `waits_because`: why its region's scheduler will not take it now (it is down), a note."""
+    `waits_because`: why its region's scheduler will not take it now (it is down), a note;
+    `model_dirs`: where an endpoint's model is checked here (elsewhere its agent checks it)."""
     check_classes(catalog, body)
     check_region(body, regions)
     replicas = 1
     if body.kind is WorkloadKind.endpoint:
         endpoint = endpoints.check_spec(body.spec)
-        await endpoints.check_weights(endpoint)
+        await endpoints.check_weights(endpoint, model_dirs)
         replicas = endpoint.replicas
     chain: list[dict[str, Any]] = []
     if body.fallback:

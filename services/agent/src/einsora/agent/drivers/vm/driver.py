@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from einsora.agent import hostvirt
+from einsora.agent.downloads import DownloadPolicy
 from einsora.agent.drivers.base import Adoption, Handle, Observation, StartFailed
 from einsora.agent.drivers.launch import write_secret
 from einsora.agent.drivers.probe import PROBE_TIMEOUT_S, Probe, failure
@@ -91,6 +92,9 @@ class VmOptions:
     inventory)."""
     workdirs: Path | None = None
     """The agent's workloads directory: a VM's plan and spec are kept in its own there."""
+    downloads: DownloadPolicy | None = None
+    """What an image's download may reach and bring (the machine owner's settings); None:
+    public addresses only, within the default cap."""
 
 
 @dataclass
@@ -268,7 +272,9 @@ class LibvirtDriver:
         allowed = (*self.options.image_dirs, self.options.vm_dir / "images")
         downloads = self.options.vm_dir / "images" / "downloads"
         assert spec.image is not None
-        source = await images.fetch(spec.image, "spec.image", allowed, downloads)
+        source = await images.fetch(
+            spec.image, "spec.image", allowed, downloads, self.options.downloads
+        )
         base = await asyncio.to_thread(
             images.check_disk_image,
             source,
@@ -316,7 +322,7 @@ class LibvirtDriver:
 
     async def _boot_file(self, source: str, field: str, allowed: tuple[Path, ...]) -> str:
         downloads = self.options.vm_dir / "images" / "downloads"
-        path = await images.fetch(source, field, allowed, downloads)
+        path = await images.fetch(source, field, allowed, downloads, self.options.downloads)
         imported = await asyncio.to_thread(
             images.import_file, path, self.options.vm_dir / "images", "boot"
         )

@@ -1,11 +1,12 @@
 """A VM's images (its disk image, a kernel and an initrd for a direct boot): found, checked and
 imported into the libvirt driver's own directory before any VM uses them.
 
-**Where an image may come from.** An `https://` URI is downloaded (`runtimes.models.download`:
-streamed to a partial file, renamed once complete). A local path (or `file://` URI) must lie,
-links resolved, in a directory the machine's owner allows (`VmOptions.image_dirs`) or in the
-driver's own `images/`: a VM's disk is read by qemu, so a guest naming `/etc/shadow` as its
-"raw image" would otherwise read the host's files.
+**Where an image may come from.** An `https://` URI is downloaded (`einsora.agent.downloads`:
+public addresses unless the machine's owner allows a network, within the owner's cap for VM
+images, streamed to a partial file and renamed once complete). A local path (or `file://` URI)
+must lie, links resolved, in a directory the machine's owner allows (`VmOptions.image_dirs`) or
+in the driver's own `images/`: a VM's disk is read by qemu, so a guest naming `/etc/shadow` as
+its "raw image" would otherwise read the host's files.
 
 **What is checked.** `qemu-img info` with the format forced when the spec names one: only qcow2
 or raw; no backing file (a qcow2 that points at another file would read it); not encrypted; a
@@ -31,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from einsora.agent import downloads
 from einsora.agent.drivers.base import StartFailed
-from einsora.agent.runtimes import models
 from einsora.common import weights
 
 FORMATS = ("qcow2", "raw")
@@ -95,11 +96,19 @@ def local_path(source: str, field: str, allowed: tuple[Path, ...]) -> Path:
     )
 
 
-async def fetch(source: str, field: str, allowed: tuple[Path, ...], downloads: Path) -> Path:
-    """The local file of `source`: a path in an allowed directory, or a download."""
+async def fetch(
+    source: str,
+    field: str,
+    allowed: tuple[Path, ...],
+    downloaded: Path,
+    policy: downloads.DownloadPolicy | None = None,
+) -> Path:
+    """The local file of `source`: a path in an allowed directory, or a download into
+    `downloaded` (as the machine owner's `policy` allows: by default, public addresses only)."""
     scheme = source.split("://", 1)[0].lower() if "://" in source else ""
     if scheme == "https":
-        return await models.download(source, downloads)
+        policy = policy or downloads.DownloadPolicy()
+        return await downloads.download(source, downloaded, policy.image_cap, policy)
     if scheme not in ("", "file"):
         raise StartFailed(
             f"{field} {weights.redact(source)}: {scheme}:// is not supported; give an absolute "
