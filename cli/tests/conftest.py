@@ -15,6 +15,14 @@ from einsora.common.testing import Bus
 
 @pytest_asyncio.fixture
 async def api(bus: Bus, sqlite_url: str, data_dir: Path) -> AsyncIterator[RunningApi]:
-    settings = Settings(nats_url=bus.url, database_url=sqlite_url, data_dir=data_dir)
+    # Its machines join from this host, reached directly; it checks model files under the
+    # test's own directory (ADR-0026: the operator's choices).
+    settings = Settings(
+        nats_url=bus.url,
+        database_url=sqlite_url,
+        data_dir=data_dir,
+        direct_machine_networks="127.0.0.0/8,::1/128",
+        model_dirs=str(data_dir.parent),
+    )
     async with running_api(settings) as running:
         yield running

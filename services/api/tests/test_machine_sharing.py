@@ -30,7 +30,11 @@ from einsora.common.testing import Bus
 async def pool_api(bus: Bus, sqlite_url: str, data_dir: Path) -> AsyncIterator[RunningApi]:
     """The api of an instance that runs a community pool."""
     settings = Settings(
-        nats_url=bus.url, database_url=sqlite_url, data_dir=data_dir, community_pool=True
+        nats_url=bus.url,
+        database_url=sqlite_url,
+        data_dir=data_dir,
+        community_pool=True,
+        direct_machine_networks="127.0.0.0/8",  # its machines join from this host
     )
     async with running_api(settings) as running:
         yield running

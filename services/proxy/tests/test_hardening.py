@@ -90,7 +90,7 @@ async def site(bus: Bus, sqlite_url: str, data_dir: Path) -> AsyncIterator[Site]
             kind=WorkloadKind.notebook,
             machine_id="m-1",
             host="127.0.0.1",
-            port=9,  # never reached: entering a site answers before forwarding anything
+            port=40009,  # never reached: entering a site answers before forwarding anything
             token="workload-token-" + secrets.token_hex(8),
         )
         kv = await bus.js.key_value(names.ROUTES.name)
