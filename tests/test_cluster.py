@@ -8,12 +8,16 @@ slow tier (`make test-cluster`, marker `cluster`; .ci/run runs it):
   accepted reaches `running`, none is lost, none is placed on two machines;
 - two `einsora scheduler` processes share a region: the standby takes over after the leader's
   SIGKILL (the time is printed, not asserted), and every launch made around the kill converges,
-  placed once.
+  placed once;
+- a deposed leader writes nothing (issue 35, F1): a desired write it held is refused by the
+  cluster (each is fenced on its own key), and a leader SIGSTOPped past its lease and resumed
+  commits and writes nothing, checked from the bus's own record of every desired value.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -38,11 +42,23 @@ from einsora.api.service import ApiService
 from einsora.api.services.machines import enrol_own
 from einsora.api.testing import eventually
 from einsora.cli.controlplane import ControlPlane
-from einsora.common.bus import bind_bucket, connect, names
+from einsora.common.bus import bind_bucket, connect, names, publish
+from einsora.common.ids import new_id
 from einsora.common.nats_cluster import NatsCluster
-from einsora.common.schemas import DesiredState, LeaderLease
+from einsora.common.schemas import (
+    DesiredState,
+    Gpu,
+    Inventory,
+    LeaderLease,
+    WorkloadIntent,
+    WorkloadKind,
+    utcnow,
+)
 from einsora.common.settings import Settings
-from einsora.common.testing import subprocess_env
+from einsora.common.testing import enrol, subprocess_env
+from einsora.scheduler.projection import ProjectionFailed
+from einsora.scheduler.service import SchedulerService
+from einsora.scheduler.testing import FrozenLeaderCheck
 
 pytestmark = pytest.mark.cluster
 
@@ -389,3 +405,228 @@ async def _owner(api_service: ApiService) -> str:
     owner = await owner_tenant_id(api_service.store)
     assert owner is not None
     return owner
+
+
+# --- a deposed leader on a cluster (issue 35, F1) ------------------------------------------
+
+TENANT = "t-cluster"
+
+
+async def _join(js: Any, machine_id: str, gpus: int = 8) -> None:
+    """Enrol a machine as the api would and write its inventory as its agent would."""
+    await enrol(js, machine_id, owner_tenant_id=TENANT)
+    inventory = Inventory(
+        machine_id=machine_id,
+        region="local",
+        hostname=machine_id,
+        os="linux",
+        arch="x86_64",
+        cpus=128,
+        memory_mib=1024 * 1024,
+        gpus=[
+            Gpu(index=i, uuid=f"GPU-{machine_id}-{i}", model="NVIDIA L40S", memory_mib=46068)
+            for i in range(gpus)
+        ],
+        drivers=["sim"],
+    )
+    await bind_bucket(js, names.MACHINES).put(names.inventory_key(machine_id), inventory.to_bytes())
+
+
+async def _intent(js: Any, action: str, workload_id: str, class_name: str = "l40s-48gb") -> None:
+    intent = WorkloadIntent.model_validate(
+        {
+            "intent_id": new_id("intent"),
+            "action": action,
+            "workload_id": workload_id,
+            "tenant_id": TENANT,
+            "region": "local",
+            "kind": WorkloadKind.notebook,
+            "class": class_name,
+            "count": 1,
+            "spec": {"image": "jupyter"},
+            "at": utcnow(),
+        }
+    )
+    await publish(
+        js,
+        names.intent_subject("local", workload_id),
+        intent,
+        request_id=new_id("request"),
+        msg_id=intent.intent_id,
+    )
+
+
+async def _launch_one(js: Any, class_name: str = "l40s-48gb") -> str:
+    workload_id = new_id("workload")
+    await _intent(js, "create", workload_id, class_name)
+    return workload_id
+
+
+def _in_process(url: str, database_url: str, data_dir: Path) -> SchedulerService:
+    settings = Settings(
+        nats_url=url,
+        nats_replicas=3,
+        database_url=database_url,
+        region="local",
+        sim_machines=True,
+        data_dir=data_dir,
+        scheduler_lease_s=1.0,
+        scheduler_tokens_key=data_dir.parent / "workload-tokens.key",
+    )
+    return SchedulerService(settings, tick_s=0.1, audit_s=0.3)
+
+
+async def test_a_deposed_leaders_desired_write_is_refused_on_a_3_node_cluster(
+    cluster: NatsCluster, postgres_url: str, tmp_path: Path
+) -> None:
+    """Before, desired writes went unfenced on R3: a leader frozen holding a projection wrote
+    it on resuming, after its successor's, and the machine's generation went back. Now each is
+    fenced on its own key, and the cluster refuses it."""
+    nc = await cluster.ready()
+    js = nc.jetstream(timeout=10)
+    old = _in_process(cluster.url, postgres_url, tmp_path / "a")
+    new = _in_process(cluster.url, postgres_url, tmp_path / "b")
+    check = FrozenLeaderCheck(nc, js, postgres_url, replicas=3)
+    try:
+        await _join(js, "m-1")
+        await old.start()
+        first = await _launch_one(js)
+        await check.until_placed([first])
+        # The old leader freezes holding a projection of m-1 it has not sent: nothing it runs
+        # moves from here (its renewal, its engine, its watch).
+        assert old._lease is not None
+        assert old._lease._renewing is not None
+        old._lease._renewing.cancel()
+        assert old._watch is not None
+        await old._watch.stop()
+        engine = old.engine
+        await engine.stop()
+        engine.projector.dirty.add("m-1")
+        held = engine.projector.prepare(engine.book)
+        assert held is not None
+        await new.start()
+        await _until(lambda: _leads(new), within_s=30, what="the standby takes over")
+        second = await _launch_one(js)
+        await check.until_placed([first, second])
+        before = DesiredState.from_bytes(
+            (await bind_bucket(js, names.MACHINES).get(names.desired_key("m-1"))).value or b""
+        )
+        # It resumes and sends what it held: the cluster refuses it.
+        with pytest.raises(ProjectionFailed):
+            await engine.projector.write(held)
+        after = DesiredState.from_bytes(
+            (await bind_bucket(js, names.MACHINES).get(names.desired_key("m-1"))).value or b""
+        )
+        assert after == before
+        assert {w.workload_id for w in after.workloads} == {first, second}
+    finally:
+        await old.stop()
+        await new.stop()
+        await check.stop()
+        await nc.close()
+
+
+async def _leads(service: SchedulerService) -> bool:
+    return service.leading.is_set()
+
+
+def _frozen_scheduler(
+    url: str, database_url: str, data_dir: Path, log: Path, key: Path
+) -> subprocess.Popen[bytes]:
+    env = subprocess_env(
+        EINSORA_NATS_REPLICAS="3",
+        EINSORA_DATA_DIR=str(data_dir),
+        EINSORA_LOG_FORMAT="json",
+        EINSORA_SCHEDULER_TOKENS_KEY=str(key),
+        EINSORA_SIM_MACHINES="true",
+    )
+    command = [
+        str(Path(sys.executable).parent / "einsora"),
+        "scheduler",
+        "--nats",
+        url,
+        "--database-url",
+        database_url,
+        "--ack-wait",
+        "2",
+    ]
+    with log.open("ab") as out:
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env)
+
+
+async def test_a_leader_frozen_past_its_lease_changes_nothing_once_it_resumes_on_a_cluster(
+    cluster: NatsCluster, postgres_url: str, tmp_path: Path
+) -> None:
+    """services/scheduler/tests/test_frozen_leader.py on a 3-node cluster: the leader SIGSTOPped
+    in a burst of launches and parks, the standby takes over, the old one resumes (SIGCONT)
+    while launches keep coming. Every desired value the bus kept grows in generation, one
+    content per generation; the store and the bucket agree; every launch is placed once; the
+    new leader keeps its lease and its commits."""
+    nc = await cluster.ready()
+    js = nc.jetstream(timeout=10)
+    machines = 6
+    for i in range(machines):
+        await _join(js, f"m-{i}")
+    check = FrozenLeaderCheck(nc, js, postgres_url, replicas=3)
+    await check.start()
+    key = tmp_path / "workload-tokens.key"
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    processes = [_frozen_scheduler(cluster.url, postgres_url, dirs[0], logs[0], key)]
+    trickle: asyncio.Task[None] | None = None
+    try:
+        await check.until_leader(dirs[0])
+        processes.append(_frozen_scheduler(cluster.url, postgres_url, dirs[1], logs[1], key))
+        await check.until_holder_file(dirs[1])
+        first = [await _launch_one(js) for _ in range(24)]
+        await check.until_placed(first)
+        parks = first[:8]
+        for w in parks:
+            await _intent(js, "park", w)
+        during = [await _launch_one(js) for _ in range(8)]
+        os.kill(processes[0].pid, signal.SIGSTOP)
+        after: list[str] = []
+        try:
+            await check.until_leader(dirs[1], within_s=60)
+            await check.until_placed(during)
+
+            async def trickling() -> None:
+                while True:
+                    after.append(await _launch_one(js, "cpu-2c-4g"))
+                    await asyncio.sleep(0.02)  # the clients' own pace, not a wait
+
+            trickle = asyncio.create_task(trickling())
+        finally:
+            os.kill(processes[0].pid, signal.SIGCONT)
+        await check.until_logged(logs[0], "deposed", within_s=60)
+        await _until(lambda: _at_least(after, 40), within_s=60, what="launches after")
+        trickle.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await trickle
+        await check.until_placed(after)
+        await check.until_leader(dirs[1], within_s=1)
+
+        placements = await check.placements()
+        launched = first + during + after
+        assert all(len(placements.get(w, [])) == 1 for w in launched), {
+            w: placements.get(w) for w in launched if len(placements.get(w, [])) != 1
+        }
+        assert all(placements[w][0][1] == "parked" for w in parks), [placements[w] for w in parks]
+        await check.verify(expect_machines=machines)
+        new_log = logs[1].read_text()
+        for bad in ("IntegrityError", "duplicate key", "cycle failed", "store commit failed"):
+            assert bad not in new_log, bad
+    finally:
+        if trickle is not None:
+            trickle.cancel()
+        for process in processes:
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGCONT)
+                process.terminate()
+                process.wait(30)
+        await check.stop()
+        await nc.close()
+
+
+async def _at_least(items: list[str], count: int) -> bool:
+    return len(items) >= count

@@ -313,6 +313,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/machines/sim-agents": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Enrol the machines a sim agent hosts (the operator only), and say how to start it */
+        post: operations["enrol_sim_agent"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/machines/{id}": {
         parameters: {
             query?: never;
@@ -2451,6 +2468,88 @@ export interface components {
             path: string;
         };
         /**
+         * SimAgentEnrol
+         * @description `POST /v1/machines/sim-agents`: enrol the machines of one sim agent (operator only).
+         */
+        SimAgentEnrol: {
+            /**
+             * Agent
+             * @description the sim agent's id: its bus identity (`einsora bus-config --sim-agent`) and its `einsora agent --machine-id`
+             * @example m-sim
+             */
+            agent: string;
+            /**
+             * Count
+             * @description how many machines it hosts (`--sim-machines`): AGENT-0001 …, or AGENT alone for 1
+             * @default 1
+             */
+            count?: number;
+            /**
+             * Region
+             * @description the machines' region; leave it out for this control plane's own
+             * @default null
+             */
+            region?: string | null;
+            /** @default private */
+            sharing?: components["schemas"]["SharingLevel"];
+            /**
+             * Tenant
+             * @description the tenant that owns them, by name or id; leave it out for yours
+             * @default null
+             */
+            tenant?: string | null;
+        };
+        /**
+         * SimAgentEnrolled
+         * @description The sim agent's machines, enrolled, and how to start the agent that hosts them.
+         */
+        SimAgentEnrolled: {
+            /** Agent */
+            agent: string;
+            /**
+             * Agent Command
+             * @description what to run, with `agent_env` set, where the agent's bus identity is
+             */
+            agent_command: string;
+            /**
+             * Agent Env
+             * @description the environment `agent_command` needs: the NATS URL, and the credentials dir holding `<agent>.nk`
+             */
+            agent_env: {
+                [key: string]: string;
+            };
+            /**
+             * Bus Identity Found
+             * @description whether this api finds `<agent>.nk` in its own credentials dir; false: run `einsora bus-config --sim-agent AGENT --sim-machines COUNT` (and reload the NATS servers) first
+             */
+            bus_identity_found: boolean;
+            /**
+             * Enrolled
+             * @description how many of them this call enrolled (the rest already were)
+             */
+            enrolled: number;
+            /**
+             * Machine Ids
+             * @description every machine it hosts, enrolled
+             */
+            machine_ids: string[];
+            /**
+             * Nats Url
+             * @description where the agent connects
+             */
+            nats_url: string;
+            /** Owner Tenant Id */
+            owner_tenant_id: string;
+            /** Region */
+            region: string;
+            sharing: components["schemas"]["SharingLevel"];
+            /**
+             * Sim Machines Allowed
+             * @description whether this api runs with EINSORA_SIM_MACHINES on; the schedulers place on sim machines only where it is
+             */
+            sim_machines_allowed: boolean;
+        };
+        /**
          * SnapshotOut
          * @description `event: snapshot`: the current state of the workloads the stream follows, from the
          *     store, first on a fresh stream (and again when a `Last-Event-ID` is no longer held).
@@ -4424,6 +4523,102 @@ export interface operations {
             };
             /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    enrol_sim_agent: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SimAgentEnrol"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SimAgentEnrolled"];
+                };
+            };
+            /** @description Malformed JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, unknown, revoked or expired API token (or dashboard session) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not allowed to do this */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The object's state or an existing object forbids this */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Body over 128 KiB */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A field breaks the schema; `details` names it */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a rate limit of your account, or of your address where no token is taken (`details` names it); retry after `Retry-After` s */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The store or the bus cannot answer now */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };

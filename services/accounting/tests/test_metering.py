@@ -111,19 +111,21 @@ async def test_redelivered_and_replayed_events_change_nothing(
     assert abs(usage[0].decayed_gpu_hours - expected) < 1e-9
 
 
-async def test_an_event_older_than_the_last_applied_changes_nothing(
+async def test_an_event_of_a_seq_already_applied_changes_nothing(
     bus: Bus, scheduler: SchedulerPlayer, start_accounting: StartAccounting, store_url: str
 ) -> None:
+    # (An older `seq` not applied yet is a late event, metered in its place: test_late_events.)
     accounting = await start_accounting(store_url)
     w = new_id("workload")
     await scheduler.transition(w, S.running, T0, metered=held(1), seq=3)
     await scheduler.transition(w, S.failed, T0 + hours(1), metered=held(1), seq=4)
     # Applied first: events of one batch are applied in seq order, whatever order they came in,
-    # so the late one must come after these were applied to be "older than the last applied".
+    # so the stale ones must come after these were applied to be "older than the last applied".
     await events_done(bus.js)
-    # A stale running, with a new id but an older seq, arrives late.
-    late = scheduler.event(w, S.running, T0 - hours(1), metered=held(1), seq=2)
-    await scheduler.send(late.model_copy(update={"event_id": f"{w}-late"}))
+    # Stale events, with new ids but the seqs applied, arrive late.
+    for state, at, seq in ((S.running, T0 - hours(1), 3), (S.parked, T0 + hours(0.5), 4)):
+        stale = scheduler.event(w, state, at, metered=held(1), seq=seq)
+        await scheduler.send(stale.model_copy(update={"event_id": f"{w}-stale-{seq}"}))
     await events_done(bus.js)
     [allocation] = await accounting.store.allocations(workload_id=w)
     assert (allocation.started_at, allocation.ended_at) == (T0, T0 + hours(1))

@@ -269,6 +269,8 @@ async def test_every_mutating_route_called_once_leaves_one_row(api_on_store: Run
     await calls.call(
         "revoke_machine", ann, "DELETE", f"/v1/machines/{machine}", tenant=acme, status=204
     )
+    sim, sims = {"agent": "m-sim", "count": 2}, "/v1/machines/sim-agents"
+    await calls.call("enrol_sim_agent", api.owner, "POST", sims, sim, tenant=home, status=201)
 
     # Tenant invitations: one revoked, one to an existing user accepted by them.
     open_one = await ann.post(f"/v1/tenants/{acme}/invitations", {"username": "bob"})

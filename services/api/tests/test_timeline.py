@@ -116,7 +116,7 @@ async def test_apply_event_is_idempotent_on_both_engines(api_on_store: RunningAp
     shown = (await api.owner.get(f"/v1/workloads/{workload['id']}")).body
     assert shown["state"] == "running"
     entries = (await api.owner.get(f"/v1/workloads/{workload['id']}/events")).body["items"]
-    assert [e["state"] for e in entries] == ["pending", "running", "starting"]
+    assert [e["state"] for e in entries] == ["pending", "starting", "running"]  # in seq order
     # An event for a workload this api does not have, or of another tenant, changes nothing.
     stranger = {"id": "w-0000000000000000000a", "tenant_id": workload["tenant_id"]}
     assert (
@@ -163,7 +163,7 @@ async def test_a_batch_applies_as_its_events_one_after_another(api_on_store: Run
     assert first["state"] == "running"  # the late seq-2 event did not move it back
     assert first["placement"]["machine"] == "m-7"  # kept from seq 1: seq 3 placed nothing
     entries = (await api.owner.get(f"/v1/workloads/{one['id']}/events")).body["items"]
-    assert [e["state"] for e in entries] == ["pending", "scheduled", "running", "starting"]
+    assert [e["state"] for e in entries] == ["pending", "scheduled", "starting", "running"]
     second = (await api.owner.get(f"/v1/workloads/{two['id']}")).body
     assert second["state"] == "queued"
     assert second["placement"] is None

@@ -1,10 +1,12 @@
-"""`einsora machines [list|join-token|revoke|share|lend|invite|invitations|accept|uninvite|
-reclaim|release]`: the machines, enrolling and revoking them, sharing them with other tenants
-or users, saying what Einsora may use of them, and taking them back."""
+"""`einsora machines [list|join-token|enrol-sim|revoke|share|lend|invite|invitations|accept|
+uninvite|reclaim|release]`: the machines, enrolling and revoking them (a sim agent's too, for
+load tests), sharing them with other tenants or users, saying what Einsora may use of them, and
+taking them back."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
 from typing import Any
 from urllib.parse import quote
 
@@ -42,6 +44,22 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         help="the machines accept connections from the control plane (default: reached "
         "through the tunnel their agents dial)",
     )
+    sim = sub.add_parser(
+        "enrol-sim",
+        help="enrol the machines a sim agent hosts, for load tests (the operator only)",
+        description="Enrol the N machines that `einsora agent --driver sim --machine-id AGENT "
+        "--sim-machines N` hosts, with the bus identity `einsora bus-config --sim-agent AGENT "
+        "--sim-machines N` made, and print how to start that agent. Sim machines run nothing; "
+        "the schedulers place on them only where EINSORA_SIM_MACHINES=true.",
+        parents=nested,
+    )
+    sim.add_argument("--agent", required=True, metavar="ID", help="the sim agent's id (m-sim)")
+    sim.add_argument(
+        "--count", type=int, default=1, metavar="N", help="how many machines it hosts (1)"
+    )
+    sim.add_argument("--region", help="the machines' region (default: this control plane's)")
+    sim.add_argument("--tenant", help="the tenant that owns them, by name or id (default: yours)")
+    sim.add_argument("--sharing", choices=_SHARING, default="private")
     revoke = sub.add_parser(
         "revoke",
         help="revoke a machine: its connection is cut and its workloads fail",
@@ -199,6 +217,40 @@ def _join_token(client: ApiClient, args: argparse.Namespace) -> int:
     print(f"  {render.escape(made['join_command'])}")
     if made.get("tls_fingerprint"):
         print(f"The control plane's TLS certificate: {render.escape(made['tls_fingerprint'])}")
+    return 0
+
+
+def _enrol_sim(client: ApiClient, args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"agent": args.agent, "count": args.count, "sharing": args.sharing}
+    if args.region:
+        body["region"] = args.region
+    if args.tenant:
+        body["tenant"] = args.tenant
+    made = client.post("/v1/machines/sim-agents", body)
+    if args.json:
+        render.as_json(made)
+        return 0
+    ids: list[str] = made["machine_ids"]
+    shown = render.escape(ids[0]) + ("" if len(ids) == 1 else f" … {render.escape(ids[-1])}")
+    print(
+        f"{len(ids)} sim machines of {render.escape(made['agent'])} ({shown}) enrolled in region "
+        f"{render.escape(made['region'])} ({made['enrolled']} new), owned by tenant "
+        f"{render.escape(made['owner_tenant_id'])}, {render.escape(made['sharing'])}."
+    )
+    if not made["bus_identity_found"]:
+        print(
+            f"The api finds no bus identity for {render.escape(made['agent'])}: run einsora "
+            f"bus-config --sim-agent {render.escape(made['agent'])} --sim-machines {len(ids)} "
+            "(and reload the NATS servers) first."
+        )
+    if not made["sim_machines_allowed"]:
+        print(
+            "This api runs without EINSORA_SIM_MACHINES=true: the schedulers place on sim "
+            "machines only where it is set."
+        )
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(made["agent_env"].items()))
+    print("Start the agent that hosts them (its bus identity is in the credentials dir):")
+    print(f"  {render.escape(env)} {render.escape(made['agent_command'])}")
     return 0
 
 
@@ -399,6 +451,7 @@ def _uninvite(client: ApiClient, args: argparse.Namespace) -> int:
 
 _ACTIONS = {
     "join-token": _join_token,
+    "enrol-sim": _enrol_sim,
     "revoke": _revoke,
     "share": _share,
     "lend": _lend,

@@ -3,9 +3,14 @@
 A Lab cell (deploy/compose, deploy/helm) runs its own NATS cluster, so the auth section Solo
 writes for its embedded server must be written once for the cluster's nodes: every service's
 nkey identity with its permission template, the auth callout (agents that join from elsewhere),
-the system identity that kicks revoked machines, and optionally a sim agent's static identity.
+the system identity that kicks revoked machines, and optionally sim agents' static identities.
 Seeds are made (0600) in `--credentials-dir` on first use and kept; the section written to
 `--out` names public keys only, so every node may read it. Run again, it writes the same file.
+
+A sim agent (`--sim-agent ID`, repeatable, each hosting `--sim-machines N`) is a machine identity
+granted its machines' keys only, in the machines' account: `einsora agent --driver sim
+--machine-id ID --sim-machines N` connects with it. Its machines take work once the operator
+enrols them (`einsora machines enrol-sim`, issue 35) in a cell that allows sim machines.
 
 Only the standard library is imported at the top: `einsora --help` must stay fast.
 """
@@ -29,15 +34,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--out", type=Path, required=True, metavar="FILE")
     parser.add_argument(
         "--sim-agent",
-        metavar="MACHINE",
-        help="also a static identity for a sim agent hosting MACHINE (and --sim-machines)",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="also a static identity for a sim agent ID hosting --sim-machines machines "
+        "(repeatable: one per agent)",
     )
-    parser.add_argument("--sim-machines", type=int, default=1, metavar="N")
+    parser.add_argument(
+        "--sim-machines",
+        type=int,
+        default=1,
+        metavar="N",
+        help="machines each sim agent hosts (ids ID-0001 …; default 1: the machine ID)",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from einsora.common.bus import accounts, identities
+    from einsora.common.bus import accounts, identities, names
+    from einsora.common.errors import ConfigError
 
     credentials: Path = args.credentials_dir
     users = {
@@ -47,18 +62,20 @@ def run(args: argparse.Namespace) -> int:
         )
         for name in identities.SERVICES
     }
-    if args.sim_agent:
-        # The names `einsora agent --machine-id M --sim-machines N` gives its machines.
-        count = max(args.sim_machines, 1)
-        width = max(4, len(str(count)))
-        machines = (
-            [args.sim_agent]
-            if count == 1
-            else [f"{args.sim_agent}-{i:0{width}d}" for i in range(1, count + 1)]
-        )
-        users[args.sim_agent] = (
-            identities.ensure_identity(credentials, args.sim_agent),
-            identities.agent_permissions(args.sim_agent, machines),
+    for agent in args.sim_agent:
+        if not names.is_subject_token(agent, 100) or agent in identities.CONTROL_PLANE:
+            raise ConfigError(
+                f"--sim-agent {agent!r} is not a machine id: use 1 to 100 letters, digits, - "
+                "or _, and none of the control plane's own identities"
+            )
+        if args.sim_machines < 1:
+            raise ConfigError(f"--sim-machines must be at least 1, not {args.sim_machines}")
+        # The names `einsora agent --machine-id ID --sim-machines N` gives its machines.
+        users[agent] = (
+            identities.ensure_identity(credentials, agent),
+            identities.agent_permissions(
+                agent, identities.sim_machine_ids(agent, args.sim_machines)
+            ),
         )
     text = accounts.server_auth_conf(
         users,

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import nats.errors
 from nats.aio.client import Client as NATS
-from nats.js.errors import APIError, ServiceUnavailableError
 
 from einsora.common.bus import connect, provision
 from einsora.common.embedded_nats import ClusterRoutes, EmbeddedNats
 from einsora.common.errors import EinsoraError
+from einsora.common.failures import outlives
 
 
 def free_ports(count: int) -> list[int]:
@@ -75,7 +75,10 @@ class NatsCluster:
             try:
                 await provision(nc.jetstream(timeout=5), replicas=replicas)
                 return nc
-            except (ServiceUnavailableError, APIError, nats.errors.Error, TimeoutError) as exc:
+            except Exception as exc:
+                # Transient, or JetStream still placing its replicas (an API error): wait.
+                if not outlives(exc, nats.errors.Error):
+                    raise
                 if time.monotonic() > deadline:
                     await nc.close()
                     raise EinsoraError(f"the cluster's JetStream did not come up: {exc!r}") from exc

@@ -169,6 +169,15 @@ class Settings(BaseSettings):
         gt=0,
         description="The agent: the largest VM image, kernel or initrd download, in GiB",
     )
+    # Issue 35, item 2 (ADR-0029): agents fence themselves.
+    agent_fence_after_s: float = Field(
+        default=90.0,
+        ge=0,
+        description="The agent: seconds without an acknowledged write to the bus after which "
+        "it stops the workloads the control plane may run elsewhere (a fallback chain, an "
+        "endpoint's replicas, or spec.disconnect = stop). Keep it below the scheduler's "
+        "--lost-after minus its reaction and the stop's grace; 0: never",
+    )
 
     @property
     def model_dir_paths(self) -> tuple[Path, ...]:
@@ -282,6 +291,16 @@ class Settings(BaseSettings):
         le=1000,
         description="Event streams one user may hold open in a tenant on one api replica, all "
         "their API tokens and dashboard sessions together (429 past it)",
+    )
+    # Issue 35, F6 (a late `scheduled` event lost the placement): how long workload events an
+    # api took and never acked (it was killed) wait before the bus hands them out again.
+    api_timeline_ack_wait_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="Seconds the bus waits for the api to ack a workload event it handed it "
+        "before handing it out again: an api killed while applying events gets them back "
+        "this long after, behind the events that followed them",
     )
 
     # the dashboard (ADR-0019)

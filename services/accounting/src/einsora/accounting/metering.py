@@ -1,21 +1,21 @@
 """Metering: workload events in, allocations opened and closed, in one transaction.
 
-The rule: a transition into a metered state (`running`) that carries what the workload holds
-(`metered`) opens an allocation at the event's `at`, unless the workload has one open already;
-a transition to any other state closes the workload's open allocation at its `at`. `at` is the
-control plane's clock (when the scheduler received the agent's report; a lost machine's last
-heartbeat): nothing here reads an agent's clock.
+The rule, in each workload's `seq` order: a transition into a metered state (`running`) that
+carries what the workload holds (`metered`) opens an allocation at the event's `at`, unless the
+workload has one open already; a transition to any other state closes the workload's open
+allocation at its `at`. `at` is the control plane's clock (when the scheduler received the
+agent's report; a lost machine's last heartbeat): nothing here reads an agent's clock.
 
-Exactly once, whatever is redelivered, republished or replayed after a restart: an event is
-applied only when its `seq` is newer than the last one applied to its workload (an event id is
-`<workload>-<seq>`, so one applied before never is), and the new `seq` and the event's id (a
-primary key) are recorded in the transaction that applies it; an allocation's opening and
-closing events are unique too. Notes change nothing here.
+Exactly once, whatever is redelivered, republished or replayed after a restart: an event newer
+than the last `seq` applied to its workload is applied here, and the new `seq` and the event
+(its id a primary key; its `seq`, state, `at` and what it held) are recorded in the transaction
+that applies it; an allocation's opening and closing events are unique too. An event no newer
+goes to late.py, which recognises one applied before and meters a late one where its `seq`
+puts it. Notes change nothing here.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from datetime import datetime
@@ -24,8 +24,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from einsora.accounting import tables as t
-from einsora.accounting.model import METERED_STATES, Allocation, Applied
+from einsora.accounting.late import apply_late, transition_values
+from einsora.accounting.model import METERED_STATES, Allocation, Applied, opened_at
 from einsora.accounting.rollups import ensure_locked, record_closed
+from einsora.accounting.rows import allocation_of, insert_allocations, store_ends
 from einsora.common.schemas import EventKind, WorkloadEvent
 
 log = logging.getLogger("einsora.accounting.metering")
@@ -46,18 +48,33 @@ def apply_events(
     # Made where missing and locked, in key order: another replica applying the same
     # workloads' events waits here, then sees what this one committed (no event is applied
     # against a stale sequence).
-    last_seq: dict[str, int] = {
-        r.workload_id: r.last_seq
-        for r in ensure_locked(
-            conn,
-            t.workloads,
-            [
-                {"workload_id": w, "tenant_id": first_of[w].tenant_id, "last_seq": -1}
-                for w in sorted(first_of)
-            ],
-            touch="last_seq",
-        )
-    }
+    rows = ensure_locked(
+        conn,
+        t.workloads,
+        [
+            {
+                "workload_id": w,
+                "tenant_id": first_of[w].tenant_id,
+                "last_seq": -1,
+                "recorded_from": -1,
+            }
+            for w in sorted(first_of)
+        ],
+        touch="last_seq",
+    )
+    last_seq: dict[str, int] = {r.workload_id: r.last_seq for r in rows}
+    recorded_from: dict[str, int] = {r.workload_id: r.recorded_from for r in rows}
+    newer: list[WorkloadEvent] = []
+    late: list[WorkloadEvent] = []
+    for e in transitions:
+        if e.seq > last_seq[e.workload_id]:
+            newer.append(e)
+        elif e.seq > recorded_from[e.workload_id]:
+            late.append(e)  # applied before, or late: late.py tells which
+        else:
+            applied.ignored += 1  # from before transitions were kept: turned away as then
+    if late:
+        apply_late(conn, late, half_life_h, now, applied)
     workload_ids = sorted(first_of)
     open_now = {a.workload_id: a for a in open_allocations(conn, workload_ids)}
     before = dict(last_seq)
@@ -65,29 +82,26 @@ def apply_events(
     opened: list[Allocation] = []
     closed: list[Allocation] = []
     processed: list[dict[str, Any]] = []
-    for e in transitions:
-        # An event applied before has a seq no newer than its workload's last (event ids are
-        # `<workload>-<seq>`); its id is recorded below all the same, as a unique key.
+    for e in newer:
+        # The same event twice in a batch, or two of one `seq`: the first is applied.
         if e.event_id in seen or e.seq <= last_seq[e.workload_id]:
             applied.ignored += 1
             continue
         seen.add(e.event_id)
         last_seq[e.workload_id] = e.seq
-        processed.append(
-            {"event_id": e.event_id, "workload_id": e.workload_id, "processed_at": now}
-        )
+        processed.append(transition_values(e, now))
         applied.events += 1
         current = open_now.get(e.workload_id)
         if e.state in METERED_STATES:
             if current is not None:
                 continue  # already metered: its allocation runs on
-            allocation = _opened_by(e)
-            if allocation is None:
+            if e.metered is None:
                 log.warning(
                     "a workload entered a metered state without what it holds; not metered",
                     extra={"workload_id": e.workload_id, "event_id": e.event_id},
                 )
                 continue
+            allocation = opened_at(e.workload_id, e.tenant_id, e.metered, e.at, e.event_id, e.seq)
             open_now[e.workload_id] = allocation
             opened.append(allocation)
             applied.opened += 1
@@ -96,6 +110,7 @@ def apply_events(
             # Never before it started, whatever the event says: an interval is never negative.
             current.ended_at = max(e.at, current.started_at)
             current.closed_by_event = e.event_id
+            current.closed_seq = e.seq
             del open_now[e.workload_id]
             closed.append(current)
             applied.closed += 1
@@ -112,50 +127,15 @@ def apply_events(
     return applied
 
 
-def _opened_by(event: WorkloadEvent) -> Allocation | None:
-    held = event.metered
-    if held is None:
-        return None
-    return Allocation(
-        workload_id=event.workload_id,
-        tenant_id=event.tenant_id,
-        kind=held.kind.value,
-        class_name=held.class_name,
-        placed_class=held.placed_class,
-        region=held.region,
-        machine=held.machine,
-        gpus=list(held.gpus),
-        cpus=float(held.cpus),
-        memory_mib=int(held.memory_mib),
-        started_at=event.at,
-        opened_by_event=event.event_id,
-    )
-
-
 def _store(
     conn: sa.Connection, opened: list[Allocation], closed: list[Allocation], half_life_h: float
 ) -> None:
-    if opened:
-        ids = conn.execute(
-            t.allocations.insert().returning(t.allocations.c.id, sort_by_parameter_order=True),
-            [allocation_values(a) for a in opened],
-        ).scalars()
-        for a, allocation_id in zip(opened, ids, strict=True):
-            a.id = int(allocation_id)
-    # Those opened in this batch were inserted with their end already.
+    # Closes first: a workload whose allocation closes and whose next opens in one batch has
+    # one open at a time in the store too. Those opened in this batch are inserted with their
+    # end already.
     inserted = {id(a) for a in opened}
-    earlier = [a for a in closed if id(a) not in inserted]
-    if earlier:
-        result = conn.execute(
-            _CLOSE,
-            [
-                {"b_id": a.id, "b_ended_at": a.ended_at, "b_closed_by": a.closed_by_event}
-                for a in earlier
-            ],
-        )
-        if conn.dialect.supports_sane_multi_rowcount and result.rowcount != len(earlier):
-            # The workload rows are locked, so only a bug gets here; the batch is retried.
-            raise RuntimeError("an allocation to close was no longer open")
+    store_ends(conn, [a for a in closed if id(a) not in inserted], open_only=True)
+    insert_allocations(conn, opened)
     record_closed(conn, closed, half_life_h, active=_last_opened(opened))
 
 
@@ -164,48 +144,6 @@ def _last_opened(opened: list[Allocation]) -> dict[str, datetime]:
     for a in opened:
         latest[a.tenant_id] = max(latest.get(a.tenant_id, a.started_at), a.started_at)
     return latest
-
-
-def allocation_values(a: Allocation) -> dict[str, Any]:
-    """An allocation as a row of `accounting_allocations` (without its id)."""
-    return {
-        "workload_id": a.workload_id,
-        "tenant_id": a.tenant_id,
-        "kind": a.kind,
-        "class_name": a.class_name,
-        "placed_class": a.placed_class,
-        "region": a.region,
-        "machine": a.machine,
-        "gpu_count": a.gpu_count,
-        "gpus": json.dumps(a.gpus),
-        "cpus": a.cpus,
-        "memory_mib": a.memory_mib,
-        "started_at": a.started_at,
-        "ended_at": a.ended_at,
-        "opened_by_event": a.opened_by_event,
-        "closed_by_event": a.closed_by_event,
-    }
-
-
-def allocation_of(r: Any) -> Allocation:
-    """An `accounting_allocations` row as an Allocation."""
-    return Allocation(
-        id=int(r.id),
-        workload_id=r.workload_id,
-        tenant_id=r.tenant_id,
-        kind=r.kind,
-        class_name=r.class_name,
-        placed_class=r.placed_class,
-        region=r.region,
-        machine=r.machine,
-        gpus=list(json.loads(r.gpus)),
-        cpus=float(r.cpus),
-        memory_mib=int(r.memory_mib),
-        started_at=r.started_at,
-        ended_at=r.ended_at,
-        opened_by_event=r.opened_by_event,
-        closed_by_event=r.closed_by_event,
-    )
 
 
 def open_allocations(conn: sa.Connection, workload_ids: Sequence[str]) -> list[Allocation]:
@@ -230,11 +168,6 @@ def record_imported(
     _store(conn, list(closed), list(closed), half_life_h)
 
 
-_CLOSE = (
-    t.allocations.update()
-    .where(t.allocations.c.id == sa.bindparam("b_id"), t.allocations.c.ended_at.is_(None))
-    .values(ended_at=sa.bindparam("b_ended_at"), closed_by_event=sa.bindparam("b_closed_by"))
-)
 _UPDATE_SEQ = (
     t.workloads.update()
     .where(t.workloads.c.workload_id == sa.bindparam("b_workload_id"))

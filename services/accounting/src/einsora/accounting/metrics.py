@@ -3,7 +3,7 @@
 - `einsora_allocations_open`: allocations open now;
 - `einsora_gpu_seconds_metered_total{tenant,class}`: GPU-seconds of the allocations closed
   since this process started, by tenant and placed class (an allocation counts when it closes;
-  its whole length then);
+  its whole length then; a close a late event moves earlier is not taken back from it);
 - `einsora_events_metered_total`: workload events that opened or closed an allocation;
 - the durable consumers' redeliveries and terminations (einsora.common.bus.consumer).
 
@@ -43,7 +43,9 @@ class AccountingMetrics:
         self.allocations_open.inc(applied.opened - applied.closed)
         self.events_metered.inc(applied.metered)
         for (tenant, klass), seconds in applied.gpu_seconds.items():
-            self.gpu_seconds.labels(tenant, klass).inc(seconds)
+            # A counter never goes down: a close a late event moved earlier is not taken back.
+            if seconds > 0:
+                self.gpu_seconds.labels(tenant, klass).inc(seconds)
 
     def render(self) -> bytes:
         return metrics.render(self.registry)

@@ -6,7 +6,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from einsora.common.schemas import WorkloadState
+from einsora.common.schemas import Metered, WorkloadState
 
 METERED_STATES = frozenset({WorkloadState.running})
 """The states whose time is metered (the glossary's "Metered")."""
@@ -32,6 +32,10 @@ class Allocation:
     ended_at: datetime | None = None
     closed_by_event: str | None = None
     id: int | None = None
+    opened_seq: int | None = None
+    """The `seq` of the event that opened it (None: before transitions were kept, or imported)."""
+    closed_seq: int | None = None
+    """The `seq` of the event that closed it, in the workload's order (None while open)."""
 
     @property
     def gpu_count(self) -> int:
@@ -47,18 +51,41 @@ class Allocation:
         return max(0.0, (end - self.started_at).total_seconds())
 
 
+def opened_at(
+    workload_id: str, tenant_id: str, held: Metered, at: datetime, event_id: str, seq: int
+) -> Allocation:
+    """The allocation a transition into a metered state opens, holding `held` from `at`."""
+    return Allocation(
+        workload_id=workload_id,
+        tenant_id=tenant_id,
+        kind=held.kind.value,
+        class_name=held.class_name,
+        placed_class=held.placed_class,
+        region=held.region,
+        machine=held.machine,
+        gpus=list(held.gpus),
+        cpus=float(held.cpus),
+        memory_mib=int(held.memory_mib),
+        started_at=at,
+        opened_by_event=event_id,
+        opened_seq=seq,
+    )
+
+
 @dataclass
 class Applied:
     """What one batch of events changed (for metrics and the usage KV)."""
 
     events: int = 0
-    """Events taken in (new, and newer than the workload's last applied `seq`)."""
+    """Transitions taken in: newer than the workload's last applied `seq`, or late ones not
+    applied before."""
     ignored: int = 0
-    """Events that changed nothing: seen before, or older than what was applied."""
+    """Events that changed nothing: applied before, or from before transitions were kept."""
     opened: int = 0
     closed: int = 0
     gpu_seconds: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
-    """GPU-seconds of the allocations closed, by (tenant, placed class)."""
+    """GPU-seconds of the allocations closed, by (tenant, placed class); a close a late event
+    moved earlier counts its change (below zero when that is all the batch did)."""
     tenants: set[str] = field(default_factory=set)
     """Tenants whose usage changed."""
 

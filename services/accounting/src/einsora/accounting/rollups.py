@@ -2,7 +2,8 @@
 tenant's decayed usage, all in the transaction that closes it.
 
 These are derived figures (a report or the usage KV reads them; nothing else writes them), so
-they change exactly when an allocation closes, and so exactly once.
+they change exactly when an allocation closes, and so exactly once; when a late event moves a
+close (late.py), what the old end added is taken back in the transaction that records the new.
 """
 
 from __future__ import annotations
@@ -74,6 +75,27 @@ def record_closed(
 ) -> None:
     """The day pieces and sums of allocations just closed (stored, with their ids), and their
     tenants' decayed usage; `active`: tenants that opened an allocation then, too."""
+    pieces, sums = _pieces_and_sums(closed)
+    if pieces:
+        conn.execute(t.allocation_days.insert(), pieces)
+    _add_to_days(conn, sums, 1.0)
+    update_tenants(conn, _held_by(closed, 1), active or {}, half_life_h)
+
+
+def retract_closed(conn: sa.Connection, closed: Sequence[Allocation], half_life_h: float) -> None:
+    """Take back what `record_closed` added for these allocations, as they were closed then (a
+    late event moves a close: it is retracted, then recorded again with its new end)."""
+    if not closed:
+        return
+    ids = [a.id for a in closed]
+    conn.execute(t.allocation_days.delete().where(t.allocation_days.c.allocation_id.in_(ids)))
+    _add_to_days(conn, _pieces_and_sums(closed)[1], -1.0)
+    update_tenants(conn, _held_by(closed, -1), {}, half_life_h)
+
+
+def _pieces_and_sums(
+    closed: Sequence[Allocation],
+) -> tuple[list[dict[str, Any]], dict[tuple[Any, ...], list[float]]]:
     pieces: list[dict[str, Any]] = []
     sums: dict[tuple[Any, ...], list[float]] = defaultdict(lambda: [0.0, 0.0])
     for a in closed:
@@ -99,8 +121,12 @@ def record_closed(
             key = (day, a.tenant_id, a.placed_class, a.region)
             sums[key][0] += a.gpu_count * held
             sums[key][1] += a.cpus * held
-    if pieces:
-        conn.execute(t.allocation_days.insert(), pieces)
+    return pieces, sums
+
+
+def _add_to_days(
+    conn: sa.Connection, sums: Mapping[tuple[Any, ...], list[float]], sign: float
+) -> None:
     upsert_adding(
         conn,
         t.usage_days,
@@ -110,18 +136,24 @@ def record_closed(
                 "tenant_id": tenant,
                 "placed_class": klass,
                 "region": region,
-                "gpu_seconds": gpu_s,
-                "cpu_core_seconds": cpu_s,
+                "gpu_seconds": sign * gpu_s,
+                "cpu_core_seconds": sign * cpu_s,
             }
             for (day, tenant, klass, region), (gpu_s, cpu_s) in sums.items()
         ],
         ("gpu_seconds", "cpu_core_seconds"),
     )
+
+
+def _held_by(
+    closed: Sequence[Allocation], sign: int
+) -> dict[str, list[tuple[int, datetime, datetime]]]:
+    """Each tenant's closed intervals as (GPUs, start, end); `sign` -1 takes them back."""
     held_by: dict[str, list[tuple[int, datetime, datetime]]] = defaultdict(list)
     for a in closed:
         assert a.ended_at is not None
-        held_by[a.tenant_id].append((a.gpu_count, a.started_at, a.ended_at))
-    update_tenants(conn, held_by, active or {}, half_life_h)
+        held_by[a.tenant_id].append((sign * a.gpu_count, a.started_at, a.ended_at))
+    return held_by
 
 
 def update_tenants(
@@ -131,7 +163,8 @@ def update_tenants(
     half_life_h: float,
 ) -> None:
     """Add closed intervals (GPUs, start, end) to each tenant's decayed usage, and note when
-    each tenant was last active (`active`: an allocation opened then)."""
+    each tenant was last active (`active`: an allocation opened then). Negative GPUs take an
+    interval back (a close moved by a late event); the figure never goes below zero."""
     held = {k: list(v) for k, v in held.items()}
     tenant_ids = sorted(set(held) | set(active))
     if not tenant_ids:
@@ -163,6 +196,7 @@ def update_tenants(
         at = max([r.decayed_at, *(end for _, _, end in intervals)])
         value = decay(r.decayed_gpu_hours, r.decayed_at, at, half_life_h)
         value += sum(decayed_gpu_hours(g, s, e, at, half_life_h) for g, s, e in intervals)
+        value = max(value, 0.0)  # what is taken back was added before, up to rounding
         updates.append(
             {
                 "b_tenant_id": r.tenant_id,

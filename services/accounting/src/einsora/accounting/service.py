@@ -6,6 +6,8 @@ each tenant's usage to KV, waits for the EVENTS and USAGE streams (the api provi
 then consumes workload events (`accounting-events`) and token counts (`accounting-tokens`)
 through durable consumers, a fetched batch in one transaction, and answers `accounting.report`
 in its queue group. It returns once it serves; `stop()` undoes it and may be called twice.
+Each start-up step that talks to NATS waits out a transient failure (NATS away, a stream
+without a leader yet) rather than ending the start (`einsora.common.startup`).
 
 A SIGKILL at any instant is safe: an event's effect and its id commit together, and what was
 fetched but not acknowledged is delivered again and recognised.
@@ -18,6 +20,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from functools import partial
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -32,6 +35,7 @@ from einsora.accounting.metrics import AccountingMetrics
 from einsora.accounting.publisher import DEBOUNCE_S, PERIOD_S, UsagePublisher
 from einsora.accounting.reports import fitted
 from einsora.accounting.store import AccountingStore
+from einsora.common import startup
 from einsora.common.bus import (
     DurableConsumer,
     bind_bucket,
@@ -52,6 +56,7 @@ from einsora.common.schemas import (
     what_is_wrong,
 )
 from einsora.common.settings import Settings
+from einsora.common.transient import is_transient
 
 log = logging.getLogger("einsora.accounting")
 
@@ -124,15 +129,27 @@ class AccountingService:
             raise
 
     async def _start(self) -> None:
-        self._nc = await connect_as(
-            self.settings.effective_nats_url,
-            identities.ACCOUNTING,
-            self.settings.nats_credentials_dir,
-            name="einsora-accounting",
-            tls=tls_trusting(self.settings.nats_tls_cert),
+        # Each first call to the bus waits out a transient failure (issue 35, F5: a `nats:
+        # timeout` in provision, a NATS node lost meanwhile, once ended the start).
+        self._nc = await startup.retrying(
+            "connecting to NATS",
+            lambda: connect_as(
+                self.settings.effective_nats_url,
+                identities.ACCOUNTING,
+                self.settings.nats_credentials_dir,
+                name="einsora-accounting",
+                tls=tls_trusting(self.settings.nats_tls_cert),
+            ),
+            service=self.name,
         )
         js = self._nc.jetstream()
-        await provision(js, replicas=self.settings.nats_replicas, only=(names.USAGE_KV.stream,))
+        await startup.retrying(
+            "provisioning the usage bucket",
+            lambda: provision(
+                js, replicas=self.settings.nats_replicas, only=(names.USAGE_KV.stream,)
+            ),
+            service=self.name,
+        )
         self._store = AccountingStore(self.settings.effective_database_url)
         await self._store.migrate()
         await self._store.forget_old_events()
@@ -189,7 +206,7 @@ class AccountingService:
                 registry=self.metrics.registry,
             ),
         ):
-            await consumer.start()
+            await startup.retrying("declaring its consumers", consumer.start, service=self.name)
             self._consumers.append(consumer)
         log.info("accounting ready", extra={"half_life_h": self.half_life_h})
 
@@ -207,7 +224,13 @@ class AccountingService:
             missing = []
             for stream in (names.EVENTS.name, names.USAGE.name):
                 try:
-                    await js.stream_info(stream)
+                    # A stream that does not answer yet is waited for here; one that is not
+                    # there is the api's to make, and waited for below.
+                    await startup.retrying(
+                        f"reading the {stream} stream",
+                        partial(js.stream_info, stream),
+                        service=self.name,
+                    )
                 except NotFoundError:
                     missing.append(stream)
             if not missing:
@@ -310,9 +333,11 @@ class AccountingService:
             return UsageReportReply(error="accounting is stopping; ask again")
         try:
             return await store.report(request)
-        except SQLAlchemyError:
-            log.exception("usage report failed")
-            return UsageReportReply(error="accounting's store is unavailable; try again shortly")
-        except Exception:
+        except Exception as exc:
+            if is_transient(exc):  # the store away: a connection refused, lost or timed out
+                log.warning("usage report failed; the store is away", extra={"error": repr(exc)})
+                return UsageReportReply(
+                    error="accounting's store is unavailable; try again shortly"
+                )
             log.exception("usage report failed")
             return UsageReportReply(error="accounting could not make this report (see its log)")

@@ -10,9 +10,10 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from einsora.accounting import tables as t
-from einsora.accounting.metering import allocation_of, apply_events, record_imported
+from einsora.accounting.metering import apply_events, record_imported
 from einsora.accounting.model import Allocation, Applied
 from einsora.accounting.reports import report
+from einsora.accounting.rows import allocation_of
 from einsora.accounting.tokens import add_token_usage
 from einsora.accounting.usage import rebuild_decay, recent_tenants, tenant_usage
 from einsora.common.schemas import (
@@ -28,7 +29,9 @@ from einsora.store import Database
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "alembic_version_accounting"
 EVENT_MEMORY = timedelta(days=31)
-"""How long a processed event's id is kept: longer than EVENTS keeps a message (30 days)."""
+"""How long a processed event (its id, and the transition it applied) is kept: longer than
+EVENTS keeps a message (30 days), so every transition applied after an event that can still be
+delivered late is kept too."""
 
 
 class AccountingStore(Database):
@@ -39,8 +42,8 @@ class AccountingStore(Database):
         await super().migrate(MIGRATIONS, version_table=VERSION_TABLE)
 
     async def forget_old_events(self, older_than: timedelta = EVENT_MEMORY) -> int:
-        """Forget processed event ids JetStream can no longer redeliver (each workload's last
-        applied `seq` still turns away anything older)."""
+        """Forget processed events JetStream can no longer redeliver, and the transitions they
+        applied (no late event can fall among them any more)."""
         cutoff = utcnow() - older_than
 
         def forget(conn: sa.Connection) -> int:

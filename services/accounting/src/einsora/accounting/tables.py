@@ -8,7 +8,13 @@ Every name starts with `accounting_`, because in Solo the services share one dat
   `closed_by_event` are unique, and a partial unique index allows one open allocation per
   workload, so "opened twice" or "closed twice" is a constraint of the database.
 - `accounting_processed_events` and `accounting_workloads` (the last `seq` applied) make a
-  redelivered or late event change nothing.
+  redelivered event change nothing. A processed event is a workload's applied transition: its
+  `seq`, state, `at` and, in a metered state, what it held (`metered`, JSON). With each
+  allocation's `opened_seq` and `closed_seq`, they place a late event (seq older than the last
+  applied) in the workload's order: the stretch a late `running` began is metered, a late
+  leaving closes the stretch at its own time (late.py). A workload's `recorded_from` is the
+  `seq` after which every applied transition is kept (its last applied `seq` for one metered
+  before they were kept; -1 otherwise).
 - `accounting_allocation_days` splits each closed allocation at midnight UTC (epoch seconds,
   so the overlap with a partial day is plain arithmetic on both engines), and
   `accounting_usage_days` sums those pieces per day, tenant, placed class and region: a report
@@ -54,6 +60,8 @@ allocations = sa.Table(
     sa.Column("ended_at", UTC_TIME, nullable=True),
     sa.Column("opened_by_event", sa.String(160), nullable=False, unique=True),
     sa.Column("closed_by_event", sa.String(160), nullable=True, unique=True),
+    sa.Column("opened_seq", sa.BigInteger, nullable=True),
+    sa.Column("closed_seq", sa.BigInteger, nullable=True),
     sa.Index("ix_accounting_allocations_workload_id", "workload_id"),
     sa.Index("ix_accounting_allocations_tenant_started", "tenant_id", "started_at"),
     sa.Index("ix_accounting_allocations_started_at", "started_at"),
@@ -114,6 +122,7 @@ workloads = sa.Table(
     sa.Column("workload_id", sa.String(64), primary_key=True),
     sa.Column("tenant_id", sa.String(64), nullable=False),
     sa.Column("last_seq", sa.BigInteger, nullable=False),
+    sa.Column("recorded_from", sa.BigInteger, nullable=False, server_default=sa.text("-1")),
 )
 
 processed_events = sa.Table(
@@ -122,7 +131,12 @@ processed_events = sa.Table(
     sa.Column("event_id", sa.String(160), primary_key=True),
     sa.Column("workload_id", sa.String(64), nullable=False),
     sa.Column("processed_at", UTC_TIME, nullable=False),
+    sa.Column("seq", sa.BigInteger, nullable=True),
+    sa.Column("state", sa.String(16), nullable=True),
+    sa.Column("at", UTC_TIME, nullable=True),
+    sa.Column("metered", sa.Text, nullable=True),
     sa.Index("ix_accounting_processed_events_processed_at", "processed_at"),
+    sa.Index("ux_accounting_processed_events_workload_seq", "workload_id", "seq", unique=True),
 )
 
 tenants = sa.Table(

@@ -17,8 +17,8 @@ import sqlalchemy as sa
 
 from einsora.accounting import tables as t
 from einsora.accounting.decay import decay, decayed_gpu_hours
-from einsora.accounting.metering import allocation_of
 from einsora.accounting.reports import Groups, Sums, allocation_sums
+from einsora.accounting.rows import allocation_of
 from einsora.common.schemas import ReportGroup, TenantUsage
 
 WEEK = timedelta(days=7)

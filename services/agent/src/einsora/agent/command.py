@@ -344,7 +344,12 @@ async def _serve(service: AgentService) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await service.start()
+    from einsora.common.service import start_unless_stopped
+
+    # A start waits out an outage (NATS or the api away) for as long as it lasts: a signal
+    # meanwhile stops it there.
+    if not await start_unless_stopped(service, stop):
+        return 0
     runloop.settle()
     try:
         _announce(service)

@@ -19,6 +19,7 @@ import socket
 import ssl
 import tempfile
 from datetime import datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,28 @@ class MachineRevoked(EinsoraError):
             f"machine revoked: the agent stops (machine {machine_id}; `einsora agent join` "
             "with a new token enrols it again)"
         )
+
+
+class MachineUnknown(EinsoraError):
+    """The api does not know this machine's credential (its enrolment is gone): no wait can
+    cure that, so the agent stops; joining again is the way back."""
+
+    code = "machine_unknown"
+
+    def __init__(self, machine_id: str, api_url: str) -> None:
+        super().__init__(
+            f"the api at {api_url} does not know machine {machine_id}'s credential: the agent "
+            "stops (`einsora agent join` with a new token enrols this machine again)"
+        )
+
+
+class Standing(StrEnum):
+    """What the api says of this machine's credential (`GET /v1/machines/self`)."""
+
+    enrolled = "enrolled"
+    revoked = "revoked"
+    unknown = "unknown"
+    """The api answered that it knows no machine by this credential."""
 
 
 class ApiRefused(EinsoraError):
@@ -290,18 +313,38 @@ async def is_revoked(enrolled: Enrolled) -> bool:
     EinsoraError when it cannot tell (unreachable, 5xx, or the credential unknown there):
     the agent then keeps trying.
     """
+    known = await standing(enrolled)
+    if known is Standing.unknown:
+        raise EinsoraError(
+            f"the api at {enrolled.api_url} does not know machine {enrolled.machine_id}",
+            code="api_unsure",
+            retryable=True,
+        )
+    return known is Standing.revoked
+
+
+async def standing(enrolled: Enrolled) -> Standing:
+    """Ask the api (`GET /v1/machines/self`) what it knows of this machine's credential.
+
+    Each answer is the api's own word: revoked (`machine_revoked`), unknown (401
+    `unauthenticated`: no machine has this credential) or enrolled. Raises EinsoraError when it
+    cannot tell (unreachable, 5xx, anything else): an outage, which the agent waits out.
+    """
     url = enrolled.api_url.rstrip("/") + "/v1/machines/self"
     status, body = await _request(
         "GET", url, fingerprint=enrolled.api_fingerprint, bearer=enrolled.credential
     )
     if status == 200:
         try:
-            return bool(json.loads(body).get("revoked", False))
+            revoked = bool(json.loads(body).get("revoked", False))
         except (ValueError, AttributeError) as exc:
             raise EinsoraError(f"{url} answered an unreadable body", retryable=True) from exc
+        return Standing.revoked if revoked else Standing.enrolled
     code, message = _server_error(body)
     if code == "machine_revoked":
-        return True
+        return Standing.revoked
+    if status == 401 and code == "unauthenticated":
+        return Standing.unknown
     raise EinsoraError(
         f"{url} could not say whether machine {enrolled.machine_id} is enrolled: {status} "
         f"{code} {message}".strip(),

@@ -7,6 +7,10 @@ the key again instead. Converging only sets each workload's goal (its supervisor
 work), so it is instant, and a change arriving while workloads start or stop is simply the next
 goal: changes coalesce by construction.
 
+Each acknowledged write of its own keys is contact with the control plane (`Contact`); cut off
+for longer than the fence time, the machine stops the workloads that may run elsewhere by now
+(`fence`, fence.py, ADR-0029), whether or not the bus is there to tell it anything.
+
 It never reads or writes another machine's keys, and never calls `js.key_value()` or nats-py's
 `kv.watch` (DESIGN.md, "Agents are untrusted clients of the bus").
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -31,6 +36,7 @@ from einsora.agent import observability
 from einsora.agent.converge import GOAL_OF_TARGET, Goal, plan, valid_workload_id
 from einsora.agent.drivers.base import Adoption, Discovers
 from einsora.agent.drivers.registry import DriverSet
+from einsora.agent.fence import Contact, fence_reason, stops_when_cut_off
 from einsora.agent.observability import AgentMetrics
 from einsora.agent.reclaim import LocalReclaim, is_guest
 from einsora.agent.records import RecordStore
@@ -38,6 +44,7 @@ from einsora.agent.supervisor import Timing, WorkloadSupervisor
 from einsora.common import telemetry
 from einsora.common.bus import names
 from einsora.common.bus.key_subscription import subscribe_key
+from einsora.common.failures import log_failure, outlived, outlives
 from einsora.common.schemas import (
     DesiredState,
     Inventory,
@@ -68,6 +75,7 @@ class MachineAgent:
         on_change: Callable[[MachineAgent], None],
         owner_tenant_id: str | None = None,
         metrics: AgentMetrics | None = None,
+        fence_after_s: float = 0.0,
     ) -> None:
         self.machine_id = machine_id
         self.owner_tenant_id = owner_tenant_id
@@ -93,6 +101,8 @@ class MachineAgent:
         self._desired_key = names.desired_key(machine_id)
         self._observed_key = names.observed_key(machine_id)
         self.metrics = metrics
+        self.contact = Contact(fence_after_s)
+        """Its last write the bus acknowledged: how long it has been cut off (fence.py)."""
 
     # --- life -------------------------------------------------------------------------------
 
@@ -167,11 +177,16 @@ class MachineAgent:
     # --- bus --------------------------------------------------------------------------------
 
     async def put_inventory(self) -> None:
+        sent = time.monotonic()
         await self.kv.put(names.inventory_key(self.machine_id), self.inventory.to_bytes())
+        self.contact.heard(at=sent)
         self.inventory_unsent = False
 
     async def put_observed(self) -> None:
         value = self.observed().to_bytes()
+        # Timed from the send, not the ack: the bus recorded it in between, and the scheduler
+        # times this machine's silence from that record, so the fence never starts later.
+        sent = time.monotonic()
         if not telemetry.ON:
             try:
                 await self.kv.put(self._observed_key, value)
@@ -179,6 +194,7 @@ class MachineAgent:
                 self._reported(ok=False)
                 raise
             self._reported(ok=True)
+            self.contact.heard(at=sent)
             return
         # A span per workload whose change this report carries, the write in the first's trace.
         spans, headers = observability.report_spans(self.machine_id, self.supervisors.values())
@@ -194,6 +210,7 @@ class MachineAgent:
             self._reported(ok=error is None)
             for span in spans:
                 observability.end(span, error)
+        self.contact.heard(at=sent)
 
     def _reported(self, *, ok: bool) -> None:
         if self.metrics is not None:
@@ -244,7 +261,7 @@ class MachineAgent:
     async def _unsubscribe(self) -> None:
         sub, self._sub = self._sub, None
         if sub is not None:
-            with contextlib.suppress(nats.errors.Error):
+            with outlived(nats.errors.Error):
                 await sub.unsubscribe()
 
     async def _watch(self, sub: Subscription) -> None:
@@ -292,8 +309,11 @@ class MachineAgent:
     async def _safe_resync(self) -> None:
         try:
             await self.resync()
-        except (nats.errors.Error, TimeoutError) as exc:
-            log.warning("resync failed", extra={"machine": self.machine_id, "error": repr(exc)})
+        except Exception as exc:
+            # The next change or reconnect reads the key again; a bug is raised, as before.
+            if not outlives(exc, nats.errors.Error):
+                raise
+            log_failure(log, "resync failed", exc, {"machine": self.machine_id})
 
     # --- converging -------------------------------------------------------------------------
 
@@ -349,6 +369,27 @@ class MachineAgent:
         if self.inventory.reclaimed_at != reclaimed_at:
             self.inventory = self.inventory.model_copy(update={"reclaimed_at": reclaimed_at})
             self.inventory_unsent = True
+
+    def fence(self, now: float) -> None:
+        """Cut off from the control plane for the fence time at `now` (monotonic seconds): stop
+        each workload that may run elsewhere by now (fence.py). Called every tick, bus or not."""
+        silent_s = self.contact.cut_off_for(now)
+        if silent_s is None:
+            return
+        reason = fence_reason(self.contact.fence_after_s)
+        for wid, sup in self.supervisors.items():
+            if sup.desired is None or not stops_when_cut_off(sup.desired):
+                continue
+            if sup.fence(reason):
+                log.warning(
+                    "machine cut off from the control plane: stopping a workload that may run "
+                    "elsewhere",
+                    extra={
+                        "machine": self.machine_id,
+                        "workload": wid,
+                        "silent_s": round(silent_s, 1),
+                    },
+                )
 
     def _supervisor(self, workload_id: str) -> WorkloadSupervisor:
         sup = self.supervisors.get(workload_id)

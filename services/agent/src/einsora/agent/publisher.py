@@ -17,6 +17,7 @@ from typing import Generic, TypeVar
 
 import nats.errors
 
+from einsora.common.failures import log_failure, outlived, outlives
 from einsora.common.runloop import raise_if_cancelled
 
 log = logging.getLogger("einsora.agent")
@@ -67,7 +68,7 @@ class ObservedPublisher(Generic[M]):
                 await self._task
             self._task = None
         if self._dirty:
-            with contextlib.suppress(nats.errors.Error, TimeoutError):
+            with outlived(nats.errors.Error):
                 await asyncio.wait_for(self._flush(list(self._dirty.values())), 2.0)
 
     async def _run(self) -> None:
@@ -107,12 +108,12 @@ class ObservedPublisher(Generic[M]):
                 try:
                     await self._write(machine)
                     self.writes += 1
-                except (nats.errors.Error, TimeoutError, OSError) as exc:
+                except Exception as exc:
+                    if not outlives(exc, nats.errors.Error):  # a refusal: retried, said in full
+                        raise
                     failed.append(machine)
                     if not self._failing:
-                        log.warning(
-                            "observed state not written; retrying", extra={"error": repr(exc)}
-                        )
+                        log_failure(log, "observed state not written; retrying", exc)
                     self._failing = True
 
         await asyncio.gather(*(one(m) for m in batch))

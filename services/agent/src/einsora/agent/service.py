@@ -15,7 +15,11 @@ ends it over its credential (an expired session, a revoked or removed user) and 
 again; the agent then connects anew with capped, jittered back-off, moves every machine to the
 new connection, watches and reads its desired state again and reports. A refused credential is
 told from a network failure by asking the api (`GET /v1/machines/self`): a revoked machine's
-agent stops for good and says so; anything else is retried, logged once per outage.
+agent stops for good and says so; anything else is retried, logged once per outage. So at
+start: NATS away, its `machines` bucket not there yet, or a refusal while the api (whose auth
+callout lets machines in) cannot be asked is waited out; only a credential the api says is
+revoked or unknown ends the start. nats-py's own close can fail before it says so, so the
+agent also watches `is_closed`.
 
 An enrolled machine (`einsora agent join`) runs with its enrolment: its machine id, its
 credential as the NATS token, the NATS URL and CA it was given, and its tunnel when it has one.
@@ -33,9 +37,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-import nats.errors
 from nats.aio.client import Client as NATS
-from nats.js.errors import NoStreamResponseError
 
 from einsora.agent import (
     engines,
@@ -52,12 +54,13 @@ from einsora.agent.drivers.container import DockerDriver, DockerOptions
 from einsora.agent.drivers.registry import DriverSet
 from einsora.agent.drivers.vm import LibvirtDriver, VmOptions
 from einsora.agent.engines import EngineOptions
-from einsora.agent.join import Enrolled, MachineRevoked
+from einsora.agent.join import Enrolled, MachineRevoked, MachineUnknown
 from einsora.agent.machine import MachineAgent
 from einsora.agent.observability import AgentMetrics
 from einsora.agent.publisher import ObservedPublisher
 from einsora.agent.records import RecordStore
 from einsora.agent.supervisor import Timing
+from einsora.common import startup
 from einsora.common.bus import (
     bind_bucket,
     close_quietly,
@@ -67,13 +70,14 @@ from einsora.common.bus import (
     provision,
     tls_trusting,
 )
-from einsora.common.bus.connect import CredentialRefused
+from einsora.common.bus.connect import CredentialRefused, shown_url
 from einsora.common.bus.identities import Identity
 from einsora.common.errors import BusUnavailable, ConfigError, EinsoraError
 from einsora.common.metrics import MetricsServer, serve
 from einsora.common.runloop import raise_if_cancelled
 from einsora.common.schemas import Gpu, Inventory, utcnow
 from einsora.common.settings import Settings
+from einsora.common.transient import is_transient
 
 if TYPE_CHECKING:
     from einsora.agent.tunnel import AgentTunnel
@@ -154,6 +158,13 @@ class AgentService:
             enrolment.nats_url if enrolment is not None else settings.effective_nats_url
         )
         self.backoff_max_s = backoff_max_s
+        self.fence_after_s = settings.agent_fence_after_s
+        if 0 < self.fence_after_s <= 2 * heartbeat_s:
+            raise ConfigError(
+                f"the fence time ({self.fence_after_s:g} s) must be more than twice the "
+                f"heartbeat ({heartbeat_s:g} s), or 0 (never): a machine in touch would stop "
+                "its workloads"
+            )
         self._inbox_machine = base
         self.sim_machine = sim_inventory_spec(sim_inventory) if driver == "sim" else None
         self.heartbeat_s = heartbeat_s
@@ -222,51 +233,11 @@ class AgentService:
             service="agent",
             setting="EINSORA_AGENT_METRICS_PORT",
         )
-        closed = asyncio.Event()
         try:
-            nc = await self._connect(closed, report=True)
-        except CredentialRefused as exc:
-            if await self._revoked():
-                raise MachineRevoked(self.machine_id) from exc
-            raise
-        self._nc = nc
-        js = nc.jetstream()
-        try:
-            if self.provision_bus:
-                await provision(js, replicas=self.settings.nats_replicas)
-            kv = bind_bucket(js, names.MACHINES)
-            publisher: ObservedPublisher[MachineAgent] = ObservedPublisher(
-                lambda: self.machines.values(), lambda m: m.put_observed(), self.heartbeat_s
-            )
-            self.publisher = publisher
-            owner = self.enrolment.owner_tenant_id if self.enrolment is not None else None
-            for machine_id in self.machine_ids:
-                self.machines[machine_id] = MachineAgent(
-                    machine_id,
-                    js=js,
-                    kv=kv,
-                    drivers=self.drivers,
-                    inventory=await self._inventory(machine_id),
-                    workloads_dir=self._workloads_dir(),
-                    records=self._records(machine_id),
-                    timing=self.timing,
-                    on_change=publisher.mark,
-                    owner_tenant_id=owner,
-                    metrics=self.metrics,
-                )
-            publisher.start()
-            await _bounded(self.machines.values(), lambda m: m.open())
+            nc, closed = await self._open_on_bus()
             self._tunnel = self._make_tunnel()
             if self._tunnel is not None:
                 await self._tunnel.start()
-        except (nats.errors.NoRespondersError, NoStreamResponseError) as exc:
-            await self.stop()
-            raise EinsoraError(
-                f"the {names.MACHINES.name} bucket does not exist on NATS at {self.nats_url}: "
-                "provision the bus first (einsora solo and the scheduler do)",
-                code="bus_not_provisioned",
-                retryable=True,
-            ) from exc
         except BaseException:
             await self.stop()
             raise
@@ -281,6 +252,82 @@ class AgentService:
                 "enrolled": self.enrolment is not None,
             },
         )
+
+    async def _open_on_bus(self) -> tuple[NATS, asyncio.Event]:
+        """Connect, then make and open every machine: the connection, and its closed event.
+
+        Tried again, from the connection on, after each transient failure (NATS away, the
+        `machines` bucket not provisioned yet, or without a leader), with capped back-off, for
+        as long as it takes or until the agent is stopped: a cell's parts start in any order
+        (issue 35, F5). Raises MachineRevoked, MachineUnknown, and a refused credential no wait
+        can cure (a static one, which is a setting's fault)."""
+        attempt = 0
+        while True:
+            attempt += 1
+            closed = asyncio.Event()
+            nc = await self._reconnect(closed, starting=True)
+            self._nc = nc
+            try:
+                await self._open_machines(nc)
+            except Exception as exc:
+                if not startup.retryable(exc):
+                    raise
+                if attempt == 1:
+                    log.warning(
+                        "the agent cannot read its machines' keys; retrying with back-off",
+                        extra={
+                            "nats": self.nats_url,
+                            "error": repr(exc),
+                            "hint": f"the {names.MACHINES.name} bucket may not be provisioned "
+                            "yet (einsora solo, the api and the scheduler do), or JetStream "
+                            "is not available yet",
+                        },
+                    )
+                await self._close_machines()
+                await asyncio.sleep(startup.backoff(attempt, cap_s=self.backoff_max_s))
+                continue
+            if attempt > 1:
+                log.info("the agent's machines are open", extra={"attempts": attempt})
+            return nc, closed
+
+    async def _open_machines(self, nc: NATS) -> None:
+        """Make every machine on `nc`, adopt what survived, publish, watch and read."""
+        js = nc.jetstream()
+        if self.provision_bus:
+            await provision(js, replicas=self.settings.nats_replicas)
+        kv = bind_bucket(js, names.MACHINES)
+        publisher: ObservedPublisher[MachineAgent] = ObservedPublisher(
+            lambda: self.machines.values(), lambda m: m.put_observed(), self.heartbeat_s
+        )
+        self.publisher = publisher
+        owner = self.enrolment.owner_tenant_id if self.enrolment is not None else None
+        for machine_id in self.machine_ids:
+            self.machines[machine_id] = MachineAgent(
+                machine_id,
+                js=js,
+                kv=kv,
+                drivers=self.drivers,
+                inventory=await self._inventory(machine_id),
+                workloads_dir=self._workloads_dir(),
+                records=self._records(machine_id),
+                timing=self.timing,
+                on_change=publisher.mark,
+                owner_tenant_id=owner,
+                metrics=self.metrics,
+                fence_after_s=self.fence_after_s,
+            )
+        publisher.start()
+        await _bounded(self.machines.values(), lambda m: m.open())
+
+    async def _close_machines(self) -> None:
+        """Undo `_open_machines` and close the connection; workloads keep running."""
+        await asyncio.gather(*(m.close() for m in self.machines.values()))
+        if self.publisher is not None:
+            await self.publisher.stop()
+            self.publisher = None
+        self.machines = {}
+        nc, self._nc = self._nc, None
+        await close_quietly(nc)
 
     async def stop(self) -> None:
         """Stop the agent; its workloads keep running (a restarted agent adopts them)."""
@@ -302,13 +349,7 @@ class AgentService:
         tunnel, self._tunnel = self._tunnel, None
         if tunnel is not None:
             await tunnel.stop()
-        await asyncio.gather(*(m.close() for m in self.machines.values()))
-        if self.publisher is not None:
-            await self.publisher.stop()
-            self.publisher = None
-        self.machines = {}
-        nc, self._nc = self._nc, None
-        await close_quietly(nc)
+        await self._close_machines()
         server, self._metrics_server = self._metrics_server, None
         if server is not None:
             server.stop()
@@ -445,7 +486,7 @@ class AgentService:
             raise_if_cancelled()
             maintenance = asyncio.create_task(self._maintain(nc, fresh), name="agent maintenance")
             try:
-                await closed.wait()
+                await _until_closed(nc, closed)
             finally:
                 maintenance.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -468,11 +509,24 @@ class AgentService:
             kv = bind_bucket(js, names.MACHINES)
             for machine in self.machines.values():
                 await machine.rebind(js, kv)
+            publisher = self.publisher
+            if publisher is not None:
+                # Its write in flight went out on the closed connection, whose reply can never
+                # come: abandoned rather than waited out (5 s without a heartbeat), and every
+                # machine reports on the new one at once.
+                await publisher.stop()
+                publisher.start()
             fresh = True
 
-    async def _reconnect(self, closed: asyncio.Event) -> NATS:
-        """Connect again: at once (an expired session renews), then with capped, jittered
-        back-off. Raises MachineRevoked when the api says the machine was revoked."""
+    async def _reconnect(self, closed: asyncio.Event, *, starting: bool = False) -> NATS:
+        """Connect (again): at once (an expired session renews), then with capped, jittered
+        back-off, for as long as it takes.
+
+        A refused credential is told from an outage by asking the api. Raises MachineRevoked
+        when it says the machine was revoked; at start, also MachineUnknown when it knows no
+        machine by this credential, and the refusal itself for static credentials (a setting's
+        fault). Anything else is waited out: NATS away, and a refusal while the api cannot be
+        asked, since the api is what vouches for machines to NATS (issue 35, F4)."""
         delay = BACKOFF_MIN_S
         began = time.monotonic()
         attempts = 0
@@ -482,18 +536,30 @@ class AgentService:
             attempts += 1
             error: EinsoraError
             try:
-                nc = await self._connect(closed, report=False)
+                nc = await self._connect(closed, report=starting and attempts == 1)
             except CredentialRefused as exc:
-                if await self._revoked(quiet=reported):
-                    raise MachineRevoked(self.machine_id) from exc
-                error = exc
+                if self.enrolment is None:
+                    if starting:
+                        raise
+                    error = exc  # static credentials: no api to ask; a reload may let it in
+                else:
+                    known = await self._standing(quiet=reported)
+                    if known is join.Standing.revoked:
+                        raise MachineRevoked(self.machine_id) from exc
+                    if known is join.Standing.unknown and starting:
+                        raise MachineUnknown(self.machine_id, self.enrolment.api_url) from exc
+                    error = _refused_unsure(self.nats_url, known)
             except BusUnavailable as exc:
                 error = exc
             else:
-                log.info(
-                    "connected to NATS again",
-                    extra={"attempts": attempts, "after_s": round(time.monotonic() - began, 3)},
-                )
+                if not starting or attempts > 1:
+                    log.info(
+                        "connected to NATS again" if not starting else "connected to NATS",
+                        extra={
+                            "attempts": attempts,
+                            "after_s": round(time.monotonic() - began, 3),
+                        },
+                    )
                 return nc
             if not reported:
                 log.warning(
@@ -506,17 +572,22 @@ class AgentService:
 
     async def _revoked(self, *, quiet: bool = False) -> bool:
         """Whether the api says this machine was revoked; False when it cannot tell."""
+        return await self._standing(quiet=quiet) is join.Standing.revoked
+
+    async def _standing(self, *, quiet: bool = False) -> join.Standing | None:
+        """What the api says of this machine's credential; None when it cannot tell (no api to
+        ask: Solo, static credentials; or the api unreachable or unsure)."""
         if self.enrolment is None:
-            return False  # no api to ask (Solo, static credentials): keep trying
+            return None
         try:
-            return await join.is_revoked(self.enrolment)
+            return await join.standing(self.enrolment)
         except EinsoraError as exc:
             if not quiet:
                 log.warning(
                     "cannot ask the api whether this machine was revoked; retrying",
                     extra={"api": self.enrolment.api_url, "error": exc.message},
                 )
-            return False
+            return None
 
     async def _give_up(self, reason: MachineRevoked) -> None:
         """Revoked: stop the tunnel and the workloads (the control plane failed them, and no
@@ -611,9 +682,12 @@ class AgentService:
         async def one(m: MachineAgent) -> None:
             try:
                 await action(m)
-            except (nats.errors.Error, TimeoutError) as exc:
+            except Exception as exc:
+                # Tried again at the next tick either way: what is not transient (a refused
+                # permission, say) is a fault a person must see, and no reason to stop syncing.
                 failed.add(m.machine_id)
-                log.warning(
+                log.log(
+                    logging.WARNING if is_transient(exc) else logging.ERROR,
                     "machine sync step failed; retrying",
                     extra={"machine": m.machine_id, "error": repr(exc)},
                 )
@@ -623,7 +697,8 @@ class AgentService:
 
     async def _watch_reclaim(self) -> None:
         """The owner's reclaim on the machine (`einsora agent reclaim`), read every tick,
-        whether or not the bus is there: it is applied locally first, then reported. The
+        whether or not the bus is there: it is applied locally first, then reported. So is the
+        fence (a machine cut off too long stops what may run elsewhere: fence.py). The
         workloads' phases are counted for /metrics on the same tick, every few seconds."""
         ticks = 0
         while True:
@@ -637,6 +712,7 @@ class AgentService:
             now = utcnow()
             for machine in self.machines.values():
                 machine.apply_reclaim(local, now)
+                machine.fence(time.monotonic())
             unsent = {m.machine_id for m in self.machines.values() if m.inventory_unsent}
             if unsent and self._nc is not None and self._nc.is_connected:
                 # Bounded, so a bus that is away holds up no local decision; a reconnect
@@ -651,6 +727,32 @@ class AgentService:
         if not inventory.same(fresh, machine.inventory):
             machine.inventory = fresh
             await machine.put_inventory()
+
+
+def _refused_unsure(nats_url: str, known: join.Standing | None) -> EinsoraError:
+    """A refusal of an enrolled machine's credential that the api does not explain."""
+    why = (
+        "the api cannot be asked"
+        if known is None
+        else f"the api says it is {known.value}"  # enrolled (or, running, unknown: waited out)
+    )
+    return EinsoraError(
+        f"NATS at {shown_url(nats_url)} refused this machine's credential and {why}: the api, "
+        "which vouches for machines to NATS, may be down or starting; trying again",
+        code="credential_refused",
+        retryable=True,
+    )
+
+
+async def _until_closed(nc: NATS, closed: asyncio.Event) -> None:
+    """Until `nc` is closed for good: told through `closed`, or seen closed at a tick. nats-py
+    closes an ended session from a task of its own, and that close can fail (writing to the
+    socket the server closed) before it tells anyone; `is_closed` is set first (issue 35, F3)."""
+    while not (closed.is_set() or nc.is_closed):
+        raise_if_cancelled()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(TICK_S):
+                await closed.wait()
 
 
 async def _rewatch(machine: MachineAgent) -> None:

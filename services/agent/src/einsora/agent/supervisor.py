@@ -11,6 +11,12 @@ handle says so, and so does its record after an agent restart), a probe that fai
 stop it: only `probe_failures` failures in a row, spanning at least `probe_failure_window_s`,
 fail it, each logged; one answer in between starts the count again. So a workload busy for a
 few seconds, or an agent whose own loop stalled, kills nothing.
+
+A workload fenced by its agent (`fence`: its machine cut off from the control plane, fence.py)
+is stopped and reported failed with that reason; it is not started again until the control
+plane says something new of it (a removal, or a park and then a resume). A park keeps the
+fence's account: the scheduler parks what a lost machine ran, and when the machine is back its
+report must still say that its agent stopped it, and why.
 """
 
 from __future__ import annotations
@@ -113,6 +119,9 @@ class WorkloadSupervisor:
         self.handle: Handle | None = None
         self.dropped_at = 0
         """The generation that stopped listing this workload (see `settled_away`)."""
+        self.fenced: str | None = None
+        """Why its agent stopped it, cut off from the control plane (`fence`); None: it did
+        not."""
         self._may_start = True
         self._starting_since = time.monotonic()
         """When it entered `starting`: the start timeout counts from here."""
@@ -152,11 +161,28 @@ class WorkloadSupervisor:
         self.goal = goal
         if goal is Goal.run and previous in (Goal.park, Goal.remove, Goal.drop):
             self._may_start = True  # parked or removed, now wanted again: a fresh start
+            self.fenced = None
+        elif goal in (Goal.remove, Goal.drop):
+            self.fenced = None
         if not self._busy:
             self._set(*self._expected_phase())
         self._idle.clear()
         self._ensure_task()
         self._wake.set()
+
+    def fence(self, reason: str) -> bool:
+        """Stop it (its machine is cut off from the control plane), and say `reason`; False
+        when there is nothing to fence: its goal is not to run, it failed, or it was fenced."""
+        if self.goal is not Goal.run or self.fenced is not None:
+            return False
+        if self.handle is None and not self._busy and not self._may_start:
+            return False
+        self.fenced = reason
+        self._may_start = False
+        self._idle.clear()
+        self._ensure_task()
+        self._wake.set()
+        return True
 
     def _pick_driver(self, desired: DesiredWorkload) -> None:
         """The driver its desired entry names runs it (and deletes its files) from now on."""
@@ -175,7 +201,7 @@ class WorkloadSupervisor:
         if self.handle is not None:
             return ObservedPhase.stopping, ""
         if self.goal is Goal.park:
-            return ObservedPhase.parked, self._parked_how
+            return self._parked()
         if self.goal is Goal.remove and self.workdir is not None and self.workdir.exists():
             return ObservedPhase.stopping, ""
         return ObservedPhase.removed, DROPPED_REASON if self.goal is Goal.drop else ""
@@ -303,6 +329,9 @@ class WorkloadSupervisor:
     async def _step(self) -> float | None:
         goal = self.goal
         if goal in (Goal.run, Goal.hold):
+            if self.fenced is not None:
+                await self._stop_fenced()
+                return None
             if self.handle is None:
                 if goal is not Goal.run or not self._may_start or self.desired is None:
                     return None
@@ -331,10 +360,28 @@ class WorkloadSupervisor:
                 return None
             self._acted("delete", span, None)
         if goal is Goal.park:
-            self._set(ObservedPhase.parked, self._parked_how)
+            self._set(*self._parked())
         else:
             self._set(ObservedPhase.removed, DROPPED_REASON if goal is Goal.drop else "")
         return None
+
+    def _parked(self) -> tuple[ObservedPhase, str]:
+        """Parked, or, fenced before, failed with the fence's reason."""
+        if self.fenced is not None:
+            return ObservedPhase.failed, self.fenced
+        return ObservedPhase.parked, self._parked_how
+
+    async def _stop_fenced(self) -> None:
+        """Stop a fenced workload (if it runs), then say why it stopped."""
+        if self.handle is not None:
+            self._set(ObservedPhase.stopping)
+            await self._stop()
+            log.warning(
+                "workload stopped: its machine is cut off from the control plane",
+                extra={"workload": self.workload_id, "reason": self.fenced},
+            )
+        if self.fenced is not None:  # unless a removal came meanwhile
+            self._set(ObservedPhase.failed, self.fenced)
 
     async def _start(self, desired: DesiredWorkload) -> None:
         self._pick_driver(desired)

@@ -49,6 +49,7 @@ from einsora.api.timeline import TimelineConsumer
 from einsora.common.bus import message_headers, names, provision
 from einsora.common.bus.provision import ALL_BUT_ROUTES
 from einsora.common.errors import BusUnavailable
+from einsora.common.failures import log_failure, outlives
 from einsora.common.schemas import WorkloadIntent, utcnow
 
 log = logging.getLogger("einsora.api.anti_entropy")
@@ -67,8 +68,6 @@ CHUNK = 256
 
 CONCURRENT_GETS = 32
 """Direct gets in flight at once during a pass."""
-
-_FAILURES = (BusUnavailable, nats.errors.Error, OSError, TimeoutError, SQLAlchemyError)
 
 
 @dataclass(frozen=True)
@@ -149,17 +148,17 @@ class AntiEntropy:
                 seen_reconnects = reconnects
                 try:
                     await self.run_once()
-                except _FAILURES as exc:
-                    if not failing:
-                        log.warning(
-                            "anti-entropy pass failed; will retry", extra={"error": repr(exc)}
-                        )
-                    failing = True
-                    due = time.monotonic() + min(self._period_s, RETRY_S)
-                except Exception:
-                    # A bug must not end the repairs for good: the next pass may get past it.
-                    log.exception("anti-entropy pass failed unexpectedly")
-                    due = time.monotonic() + self._period_s
+                except Exception as exc:
+                    if outlives(exc, nats.errors.Error, SQLAlchemyError):
+                        # The bus or the store away (or refusing: said with its traceback).
+                        if not failing:
+                            log_failure(log, "anti-entropy pass failed; will retry", exc)
+                        failing = True
+                        due = time.monotonic() + min(self._period_s, RETRY_S)
+                    else:
+                        # A bug must not end the repairs for good: the next pass may get past it.
+                        log.exception("anti-entropy pass failed unexpectedly")
+                        due = time.monotonic() + self._period_s
                 else:
                     if failing:
                         log.info("anti-entropy passes again")

@@ -23,14 +23,13 @@ from einsora.api.repair_loop import RepairLoop
 from einsora.api.services.machines import enrolments
 from einsora.api.store import Store
 from einsora.common.bus import bind_bucket, names, read_records
-from einsora.common.errors import BusUnavailable
+from einsora.common.failures import log_failure, outlives
 from einsora.common.schemas import Enrolment
 
 log = logging.getLogger("einsora.api.enrolments")
 
 SYNC_PERIOD_S = 60.0
 READ_TIMEOUT_S = 10.0
-_FAILURES = (BusUnavailable, nats.errors.Error, OSError, TimeoutError, SQLAlchemyError)
 
 
 class EnrolmentsSync:
@@ -49,7 +48,11 @@ class EnrolmentsSync:
         self._view = view
         self._kv = bind_bucket(js, names.ENROLMENTS)
         self._loop = RepairLoop(
-            nc, self.repair, what="enrolments sync", failures=_FAILURES, period_s=period_s
+            nc,
+            self.repair,
+            what="enrolments sync",
+            failures=(nats.errors.Error, SQLAlchemyError),
+            period_s=period_s,
         )
         self.passes = 0
 
@@ -65,10 +68,14 @@ class EnrolmentsSync:
         value = enrolment.to_bytes()
         try:
             await self._kv.put(names.enrolment_key(enrolment.machine_id), value)
-        except _FAILURES as exc:
-            log.warning(
+        except Exception as exc:
+            if not outlives(exc, nats.errors.Error):
+                raise
+            log_failure(
+                log,
                 "an enrolment did not reach the bus; the sync will put it",
-                extra={"machine_id": enrolment.machine_id, "error": repr(exc)},
+                exc,
+                {"machine_id": enrolment.machine_id},
             )
             self._loop.wanted()
             return

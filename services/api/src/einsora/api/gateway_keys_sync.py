@@ -37,6 +37,7 @@ from einsora.api.services.gateway_keys import live_keys
 from einsora.api.store import Store
 from einsora.common.bus import KeyState, bind_bucket, names, read_bucket
 from einsora.common.errors import BusUnavailable
+from einsora.common.failures import log_failure, outlives
 from einsora.common.schemas import GatewayKey, utcnow
 
 log = logging.getLogger("einsora.api.gateway_keys")
@@ -55,8 +56,6 @@ READ_TIMEOUT_S = 10.0
 
 _WRONG_LAST_SEQUENCE = (10071, 10164)
 """JetStream's codes for a conditional write whose expected revision is not the subject's."""
-
-_FAILURES = (BusUnavailable, nats.errors.Error, OSError, TimeoutError, SQLAlchemyError)
 
 
 @dataclass(frozen=True)
@@ -120,10 +119,14 @@ class GatewayKeysSync:
             await self._kv.update(names.gateway_key_key(key.key_id), key.to_bytes(), last=0)
         except KeyWrongLastSequenceError:
             pass  # a pass put it first, or it was revoked already: either way it is right
-        except _FAILURES as exc:
-            log.warning(
+        except Exception as exc:
+            if not outlives(exc, nats.errors.Error):
+                raise
+            log_failure(
+                log,
                 "a new gateway key is not on the bus yet; the sync will put it",
-                extra={"key_id": key.key_id, "error": repr(exc)},
+                exc,
+                {"key_id": key.key_id},
             )
             self._wanted.set()
 
@@ -133,10 +136,14 @@ class GatewayKeysSync:
         try:
             self._require_bus()
             await self._kv.delete(names.gateway_key_key(key_id))
-        except _FAILURES as exc:
-            log.warning(
+        except Exception as exc:
+            if not outlives(exc, nats.errors.Error):
+                raise
+            log_failure(
+                log,
                 "a revoked gateway key could not be removed from the bus; the sync will",
-                extra={"key_id": key_id, "error": repr(exc)},
+                exc,
+                {"key_id": key_id},
             )
             self._wanted.set()
             raise Unavailable(
@@ -166,17 +173,17 @@ class GatewayKeysSync:
                 seen_reconnects = reconnects
                 try:
                     await self.run_once()
-                except _FAILURES as exc:
-                    if not failing:
-                        log.warning(
-                            "gateway keys sync failed; will retry", extra={"error": repr(exc)}
-                        )
-                    failing = True
-                    due = time.monotonic() + min(self._period_s, RETRY_S)
-                except Exception:
-                    # A bug must not end the repairs for good: the next pass may get past it.
-                    log.exception("gateway keys sync failed unexpectedly")
-                    due = time.monotonic() + self._period_s
+                except Exception as exc:
+                    if outlives(exc, nats.errors.Error, SQLAlchemyError):
+                        # The bus or the store away (or refusing: said with its traceback).
+                        if not failing:
+                            log_failure(log, "gateway keys sync failed; will retry", exc)
+                        failing = True
+                        due = time.monotonic() + min(self._period_s, RETRY_S)
+                    else:
+                        # A bug must not end the repairs for good: the next pass may get past it.
+                        log.exception("gateway keys sync failed unexpectedly")
+                        due = time.monotonic() + self._period_s
                 else:
                     if failing:
                         log.info("gateway keys sync passes again")

@@ -18,13 +18,13 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
-from sqlalchemy.exc import SQLAlchemyError
 
 from einsora.api import models as m
 from einsora.api.store import Store
 from einsora.common.bus import DurableConsumer, names
 from einsora.common.errors import EinsoraError
 from einsora.common.schemas import TokenUsage, what_is_wrong
+from einsora.common.transient import is_store_transient
 
 KEY_USE_CONSUMER = "api-key-use"
 
@@ -67,7 +67,9 @@ class KeyUseConsumer:
                 latest[key] = usage.at
         try:
             await self._store.run(lambda conn: _move_forward(conn, latest))
-        except SQLAlchemyError as exc:
+        except Exception as exc:
+            if not is_store_transient(exc):
+                raise  # a fault of ours: the consumer retries it too, with its traceback
             raise EinsoraError(f"store unavailable: {exc!r}", retryable=True) from exc
 
 

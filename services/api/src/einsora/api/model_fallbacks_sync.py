@@ -24,14 +24,13 @@ from einsora.api import models as m
 from einsora.api.repair_loop import RepairLoop
 from einsora.api.store import Store
 from einsora.common.bus import bind_bucket, names, read_records
-from einsora.common.errors import BusUnavailable
+from einsora.common.failures import log_failure, outlives
 from einsora.common.schemas import ModelFallback
 
 log = logging.getLogger("einsora.api.model_fallbacks")
 
 SYNC_PERIOD_S = 60.0
 READ_TIMEOUT_S = 10.0
-_FAILURES = (BusUnavailable, nats.errors.Error, OSError, TimeoutError, SQLAlchemyError)
 
 _WITH_MODEL_STEPS = sa.select(
     m.workloads.c.id, m.workloads.c.tenant_id, m.workloads.c.name, m.workloads.c.fallback
@@ -62,7 +61,11 @@ class ModelFallbacksSync:
         self._store = store
         self._kv = bind_bucket(js, names.MODEL_FALLBACKS)
         self._loop = RepairLoop(
-            nc, self.repair, what="model fallbacks sync", failures=_FAILURES, period_s=period_s
+            nc,
+            self.repair,
+            what="model fallbacks sync",
+            failures=(nats.errors.Error, SQLAlchemyError),
+            period_s=period_s,
         )
         self.passes = 0
 
@@ -81,10 +84,14 @@ class ModelFallbacksSync:
         """Write one record now; a failure is left to the next pass (asked for at once)."""
         try:
             await self._kv.put(names.model_fallback_key(record.workload_id), record.to_bytes())
-        except _FAILURES as exc:
-            log.warning(
+        except Exception as exc:
+            if not outlives(exc, nats.errors.Error):
+                raise
+            log_failure(
+                log,
                 "an endpoint's model fallbacks did not reach the bus; the sync will put them",
-                extra={"workload_id": record.workload_id, "error": repr(exc)},
+                exc,
+                {"workload_id": record.workload_id},
             )
             self._loop.wanted()
 

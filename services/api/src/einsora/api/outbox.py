@@ -35,6 +35,7 @@ from einsora.common import lifecycle, telemetry
 from einsora.common.bus import message_headers, names
 from einsora.common.bus.batch import BatchPublisher, Message
 from einsora.common.errors import BusUnavailable
+from einsora.common.failures import log_failure, outlives
 from einsora.common.schemas import WorkloadIntent, WorkloadState, utcnow
 
 log = logging.getLogger("einsora.api.outbox")
@@ -171,14 +172,17 @@ class OutboxRelay:
                 if utcnow() - pruned_at > timedelta(minutes=10):
                     await self.prune()
                     pruned_at = utcnow()
-            except (BusUnavailable, nats.errors.Error, OSError, TimeoutError) as exc:
+            except Exception as exc:
+                # Transient failures, and refusals by the bus or the store (logged with their
+                # traceback), are retried; anything else ends the relay, as a bug should.
+                if not outlives(exc, nats.errors.Error, SQLAlchemyError):
+                    raise
                 if not failing:
-                    log.warning("intents wait for NATS; will retry", extra={"error": repr(exc)})
-                failing = True
-                continue
-            except SQLAlchemyError as exc:
-                if not failing:
-                    log.warning("outbox unreadable; will retry", extra={"error": repr(exc)})
+                    # The bus's failures are its own errors; a connection refused (OSError) is
+                    # the store's, which the relay reads before it publishes anything.
+                    bus = isinstance(exc, (BusUnavailable, nats.errors.Error))
+                    said = "intents wait for NATS" if bus else "outbox unreadable"
+                    log_failure(log, f"{said}; will retry", exc)
                 failing = True
                 continue
             if failing:

@@ -34,6 +34,7 @@ from einsora.api.services.quotas import every_published, published
 from einsora.api.store import Store
 from einsora.common.bus import KeyState, bind_bucket, names, read_bucket
 from einsora.common.errors import BusUnavailable
+from einsora.common.failures import log_failure, outlives
 from einsora.common.schemas import TenantQuota, TenantUsage
 
 log = logging.getLogger("einsora.api.quotas")
@@ -58,8 +59,6 @@ QUOTA_KEYS = "quota.*"
 
 _WRONG_LAST_SEQUENCE = (10071, 10164)
 """JetStream's codes for a conditional write whose expected revision is not the subject's."""
-
-_FAILURES = (BusUnavailable, nats.errors.Error, OSError, TimeoutError, SQLAlchemyError)
 
 
 @dataclass(frozen=True)
@@ -114,10 +113,14 @@ class QuotasSync:
                 if await self._put_one(tenant_id):
                     return
             self._wanted.set()  # overtaken every time: the next pass puts the newest
-        except _FAILURES as exc:
-            log.warning(
+        except Exception as exc:
+            if not outlives(exc, nats.errors.Error, SQLAlchemyError):
+                raise
+            log_failure(
+                log,
                 "a tenant's quota could not be put on the bus; the sync will",
-                extra={"tenant_id": tenant_id, "error": repr(exc)},
+                exc,
+                {"tenant_id": tenant_id},
             )
             self._wanted.set()
             raise Unavailable(
@@ -133,8 +136,10 @@ class QuotasSync:
             entry = await self._kv.get(names.tenant_usage_key(tenant_id))
         except KeyNotFoundError:
             return None
-        except _FAILURES as exc:
-            log.warning("a tenant's use could not be read", extra={"error": repr(exc)})
+        except Exception as exc:
+            if not outlives(exc, nats.errors.Error):
+                raise
+            log_failure(log, "a tenant's use could not be read", exc)
             raise Unavailable(
                 "the tenant's use could not be read from the bus now; retry shortly"
             ) from None
@@ -184,17 +189,17 @@ class QuotasSync:
                 seen_reconnects = reconnects
                 try:
                     await self.run_once()
-                except _FAILURES as exc:
-                    if not failing:
-                        log.warning(
-                            "tenant quotas sync failed; will retry", extra={"error": repr(exc)}
-                        )
-                    failing = True
-                    due = time.monotonic() + min(self._period_s, RETRY_S)
-                except Exception:
-                    # A bug must not end the repairs for good: the next pass may get past it.
-                    log.exception("tenant quotas sync failed unexpectedly")
-                    due = time.monotonic() + self._period_s
+                except Exception as exc:
+                    if outlives(exc, nats.errors.Error, SQLAlchemyError):
+                        # The bus or the store away (or refusing: said with its traceback).
+                        if not failing:
+                            log_failure(log, "tenant quotas sync failed; will retry", exc)
+                        failing = True
+                        due = time.monotonic() + min(self._period_s, RETRY_S)
+                    else:
+                        # A bug must not end the repairs for good: the next pass may get past it.
+                        log.exception("tenant quotas sync failed unexpectedly")
+                        due = time.monotonic() + self._period_s
                 else:
                     if failing:
                         log.info("tenant quotas sync passes again")

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client as NATS
 
+from einsora.common.failures import log_failure, outlives
 from einsora.common.runloop import raise_if_cancelled
 
 log = logging.getLogger("einsora.api.repair")
@@ -75,7 +76,10 @@ class RepairLoop:
     async def _pass_logged(self) -> bool:
         try:
             await self._repair()
-        except self._failures as exc:
-            log.warning(f"{self._what} pass failed; retrying", extra={"error": repr(exc)})
+        except Exception as exc:
+            # Every transient failure, and the refusals `failures` names; a bug ends the loop.
+            if not outlives(exc, *self._failures):
+                raise
+            log_failure(log, f"{self._what} pass failed; retrying", exc)
             return False
         return True

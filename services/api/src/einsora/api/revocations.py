@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from einsora.api.auth import VerifiedTokens
 from einsora.common.bus import names
+from einsora.common.failures import log_failure, outlived, outlives
 from einsora.common.schemas import TokensRevoked
 
 log = logging.getLogger("einsora.api.revocations")
@@ -51,7 +52,7 @@ class Revocations:
                 await self._watch
             self._watch = None
         if self._sub is not None:
-            with contextlib.suppress(nats.errors.Error):
+            with outlived(nats.errors.Error):
                 await self._sub.unsubscribe()
             self._sub = None
 
@@ -80,8 +81,10 @@ class Revocations:
             message = TokensRevoked(token_ids=list(token_ids))
             await self._nc.publish(names.TOKENS_REVOKED_SUBJECT, message.to_bytes())
             await self._nc.flush(timeout=2)
-        except (nats.errors.Error, TimeoutError, OSError) as exc:
-            log.warning("revocation not announced", extra={"error": repr(exc)})
+        except Exception as exc:
+            if not outlives(exc, nats.errors.Error):
+                raise
+            log_failure(log, "revocation not announced", exc)
 
     async def _received(self, msg: Msg) -> None:
         try:

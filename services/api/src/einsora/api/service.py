@@ -25,6 +25,7 @@ import logging
 import socket
 from collections.abc import Callable, Generator
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 import uvicorn
@@ -55,6 +56,7 @@ from einsora.api.store import Store
 from einsora.api.streams import EventStreams
 from einsora.api.timeline import TimelineConsumer
 from einsora.api.trusted_proxies import forwarded_allow_ips
+from einsora.common import startup
 from einsora.common.bus import close_quietly, connect_as, identities, provision, tls_trusting
 from einsora.common.bus.provision import ALL_BUT_ROUTES
 from einsora.common.catalog import Catalog
@@ -155,19 +157,38 @@ class ApiService:
                 # The owner's first way into the dashboard: a one-time link (ADR-0019).
                 link = await mint_owner_link(self.store, self._now())
                 self.owner_sign_in_path = None if link is None else link.path
-            self.nc = await connect_as(
-                self.settings.effective_nats_url,
-                identities.API,
-                self.settings.nats_credentials_dir,
-                tls=tls_trusting(self.settings.nats_tls_cert),
+            # Each first call to the bus waits out a transient failure (issue 35, F5); the
+            # loops started below keep trying by themselves.
+            self.nc = await startup.retrying(
+                "connecting to NATS",
+                lambda: connect_as(
+                    self.settings.effective_nats_url,
+                    identities.API,
+                    self.settings.nats_credentials_dir,
+                    tls=tls_trusting(self.settings.nats_tls_cert),
+                ),
+                service=self.name,
             )
             js = self.nc.jetstream()
-            await provision(js, replicas=self.settings.nats_replicas, only=ALL_BUT_ROUTES)
+            await startup.retrying(
+                "provisioning the bus",
+                lambda: provision(js, replicas=self.settings.nats_replicas, only=ALL_BUT_ROUTES),
+                service=self.name,
+            )
             metrics = ApiMetrics()
-            self._timeline = TimelineConsumer(self.store, js, registry=metrics.registry)
-            await self._timeline.start()
+            self._timeline = TimelineConsumer(
+                self.store,
+                js,
+                registry=metrics.registry,
+                ack_wait_s=self.settings.api_timeline_ack_wait_s,
+            )
+            await startup.retrying(
+                "declaring the timeline's consumer", self._timeline.start, service=self.name
+            )
             self._key_use = KeyUseConsumer(self.store, js, registry=metrics.registry)
-            await self._key_use.start()
+            await startup.retrying(
+                "declaring the key use consumer", self._key_use.start, service=self.name
+            )
             await self._machines.start(self.nc, js)
             await self._regions.start(self.nc, js)
             self.relay = OutboxRelay(self.store, self.nc, js, registry=metrics.registry)
@@ -199,10 +220,10 @@ class ApiService:
             credentials_dir = self.settings.nats_credentials_dir
             if credentials_dir is not None and MachineBusAuth.wanted(credentials_dir):
                 self.bus_auth = MachineBusAuth(self.store)
-                await self.bus_auth.start(
-                    self.settings.effective_nats_url,
-                    credentials_dir,
-                    tls_trusting(self.settings.nats_tls_cert),
+                await startup.retrying(
+                    "serving the auth callout",
+                    partial(self._start_bus_auth, self.bus_auth, credentials_dir),
+                    service=self.name,
                 )
             self._redeemer = TicketRedeemer(self.store, self.nc, clock=self._now)
             await self._redeemer.start()
@@ -264,6 +285,18 @@ class ApiService:
     def _now(self) -> datetime:
         # Looked up at each call, so a test can swap `clock` on a running service.
         return self.clock()
+
+    async def _start_bus_auth(self, bus_auth: MachineBusAuth, credentials_dir: Path) -> None:
+        """Start the auth callout; a start that failed half-way is undone, to be tried again."""
+        try:
+            await bus_auth.start(
+                self.settings.effective_nats_url,
+                credentials_dir,
+                tls_trusting(self.settings.nats_tls_cert),
+            )
+        except BaseException:
+            await bus_auth.stop()
+            raise
 
     async def _serve_metrics(self, metrics: ApiMetrics) -> None:
         """Prometheus /metrics on a port of its own (loopback by default), when one is set."""

@@ -54,6 +54,7 @@ from einsora.api.schemas.workloads import HostOut, PlacementOut
 from einsora.api.store import Store
 from einsora.api.timeline import TIMELINE_CONSUMER
 from einsora.common.bus import names
+from einsora.common.failures import outlived, outlives
 from einsora.common.ids import is_id
 from einsora.common.schemas import WorkloadEvent, WorkloadState
 
@@ -66,8 +67,6 @@ RETRY_MS = 1000
 MAX_EVENT_ID_DIGITS = 19  # a uint64 sequence fits; more is not an id this api sent
 CLOSE_WAIT_S = 2.0
 """How long `close()` waits for the streams it ended to send their last chunk."""
-
-_BUS_FAILURES = (nats.errors.Error, OSError, TimeoutError)
 
 
 def frame(*, data: str | None = None, event: str | None = None, id: int | None = None) -> bytes:
@@ -216,7 +215,9 @@ class EventStream:
             else:
                 # Read before the store is: every event up to it is in what the store answers.
                 start_after = max(await self._applied_floor(), first - 1)
-        except _BUS_FAILURES as exc:
+        except Exception as exc:
+            if not outlives(exc, nats.errors.Error):
+                raise
             raise Unavailable(f"the bus cannot answer now ({exc.__class__.__name__})") from exc
         if resumable:
             if self.workload_id is not None:
@@ -232,7 +233,9 @@ class EventStream:
             self._sub = await self.hub.js.subscribe(
                 self.subject, stream=names.EVENTS.name, ordered_consumer=True, config=config
             )
-        except _BUS_FAILURES as exc:
+        except Exception as exc:
+            if not outlives(exc, nats.errors.Error):
+                raise
             raise Unavailable(f"the bus cannot answer now ({exc.__class__.__name__})") from exc
 
     async def _applied_floor(self) -> int:
@@ -266,7 +269,10 @@ class EventStream:
     async def _query(self, unit: Any) -> Any:
         try:
             return await self.hub.store.query(unit)
-        except SQLAlchemyError as exc:
+        except Exception as exc:
+            # A refused connection is no SQLAlchemyError: the shared list knows it.
+            if not outlives(exc, SQLAlchemyError):
+                raise
             raise Unavailable(f"the store cannot answer now ({exc.__class__.__name__})") from exc
 
     def end(self) -> None:
@@ -302,7 +308,9 @@ class EventStream:
                         return
                     msg = getting.result()
                     out = await self._frame_of(msg)
-                except (*_BUS_FAILURES, Unavailable) as exc:
+                except Exception as exc:
+                    if not outlives(exc, nats.errors.Error):  # Unavailable is retryable
+                        raise
                     log.info("event stream ends", extra={"error": repr(exc)})
                     return
                 finally:
@@ -377,10 +385,10 @@ class EventStream:
         self._ending.set()
         sub, self._sub = self._sub, None
         if sub is not None:
-            with contextlib.suppress(*_BUS_FAILURES):
+            with outlived(nats.errors.Error):
                 await sub.unsubscribe()
             # Ephemeral consumers go when no one listens; deleting it frees the server at once.
-            with contextlib.suppress(*_BUS_FAILURES):
+            with outlived(nats.errors.Error):
                 await self.hub.js.delete_consumer(names.EVENTS.name, sub._consumer)
         self.hub._release(self)
 

@@ -3,7 +3,9 @@
 A durable pull consumer (`api-timeline`) with explicit acks: a fetched batch of events is
 committed in one transaction, and each is acked once committed; one the store cannot take now
 is retried with back-off; one that is not a workload event, or came on another workload's
-subject, is refused for good (it can never be handled).
+subject, is refused for good (it can never be handled). Events need not come in order (a killed
+api's unacked ones come back after `ack_wait_s`, behind later ones): `apply_events` puts each
+workload's in `seq` order.
 When NATS comes back without the durable (a wiped server), `restart_if_gone` declares it again
 and the timeline catches up from the start of EVENTS (anti-entropy, ADR-0011).
 """
@@ -18,7 +20,6 @@ from nats.js.errors import NotFoundError
 from opentelemetry.trace import Span, SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
-from sqlalchemy.exc import SQLAlchemyError
 
 from einsora.api.services.timeline import apply_events
 from einsora.api.store import Store
@@ -26,6 +27,7 @@ from einsora.common import telemetry
 from einsora.common.bus import DurableConsumer, names, request_id_of, traceparent_of
 from einsora.common.errors import EinsoraError
 from einsora.common.schemas import WorkloadEvent, what_is_wrong
+from einsora.common.transient import is_store_transient
 
 TIMELINE_CONSUMER = "api-timeline"
 
@@ -34,7 +36,12 @@ class TimelineConsumer:
     """Consumes `event.workload.*` into the timeline and the workloads' states."""
 
     def __init__(
-        self, store: Store, js: JetStreamContext, registry: CollectorRegistry | None = None
+        self,
+        store: Store,
+        js: JetStreamContext,
+        registry: CollectorRegistry | None = None,
+        *,
+        ack_wait_s: float = 30.0,
     ) -> None:
         self._store = store
         self._js = js
@@ -44,6 +51,9 @@ class TimelineConsumer:
             durable=TIMELINE_CONSUMER,
             filter_subject=names.EVENTS_FILTER,
             handler=self.handle,
+            # What a killed api held comes back this long after, behind the events that
+            # followed it: `apply_events` takes them in `seq` order all the same.
+            ack_wait=ack_wait_s,
             # A fetched batch is one unit of work: one transaction for many events.
             batch_handler=self.handle_batch,
             registry=registry,  # its redeliveries and terminations on the api's /metrics
@@ -80,9 +90,11 @@ class TimelineConsumer:
         spans = _write_spans(msgs, events) if telemetry.ON else None
         try:
             await apply_events(self._store, events)
-        except SQLAlchemyError as exc:
+        except Exception as exc:
             if spans is not None:
                 _end(spans, exc)
+            if not is_store_transient(exc):
+                raise  # a fault of ours: the consumer retries it too, with its traceback
             raise EinsoraError(f"store unavailable: {exc!r}", retryable=True) from exc
         if spans is not None:
             _end(spans, None)

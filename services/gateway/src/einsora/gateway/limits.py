@@ -29,6 +29,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from einsora.common.bus import bind_bucket, names
+from einsora.common.failures import outlives
 
 log = logging.getLogger("einsora.gateway.limits")
 
@@ -37,8 +38,6 @@ MAX_CONFLICTS = 100
 SETTLE_TRIES = 5
 KEEP_MINUTES = 2
 """Windows kept in memory behind the current one, for late settlements (the bucket keeps 3)."""
-
-_BUS_FAILURES = (nats.errors.Error, OSError, TimeoutError)
 
 
 class LimitsUnavailable(Exception):
@@ -176,17 +175,15 @@ class LimitBook:
                 batch, window.queue = window.queue, []
                 try:
                     await self._apply(window, batch)
-                except (LimitsUnavailable, *_BUS_FAILURES) as exc:
-                    window.revision = None
-                    self._failed(window, batch, exc)
-                    if window.queue:
-                        await asyncio.sleep(0.2)  # the bus is down: do not spin on it
                 except Exception as exc:
-                    # A fault of ours: refuse this batch's requests rather than leave them
-                    # waiting for ever.
-                    log.exception("rate-limit batch failed", extra={"key": window.kv_key})
                     window.revision = None
+                    if not outlives(exc, LimitsUnavailable):
+                        # A fault of ours, or a refusal by the bus: said with its traceback,
+                        # and this batch's requests refused rather than left waiting for ever.
+                        log.exception("rate-limit batch failed", extra={"key": window.kv_key})
                     self._failed(window, batch, exc)
+                    if window.queue and outlives(exc, LimitsUnavailable, nats.errors.Error):
+                        await asyncio.sleep(0.2)  # the bus is down: do not spin on it
         finally:
             window.worker = None
 

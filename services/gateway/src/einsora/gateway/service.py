@@ -13,6 +13,7 @@ import aiohttp
 from aiohttp import web
 from nats.aio.client import Client as NATS
 
+from einsora.common import startup
 from einsora.common.aiohttp_edge import (
     client_trace_configs,
     counting_middleware,
@@ -77,15 +78,25 @@ class GatewayService:
         return None if self._metrics_server is None else self._metrics_server.port
 
     async def start(self) -> None:
-        self._nc = await connect_as(
-            self._settings.effective_nats_url,
-            identities.GATEWAY,
-            self._settings.nats_credentials_dir,
-            tls=tls_trusting(self._settings.nats_tls_cert),
+        # NATS away, or its JetStream not answering yet, is waited out (issue 35, F5); the
+        # mirrors below keep trying by themselves.
+        self._nc = await startup.retrying(
+            "connecting to NATS",
+            lambda: connect_as(
+                self._settings.effective_nats_url,
+                identities.GATEWAY,
+                self._settings.nats_credentials_dir,
+                tls=tls_trusting(self._settings.nats_tls_cert),
+            ),
+            service=self.name,
         )
         js = self._nc.jetstream()
-        await provision(
-            js, replicas=self._settings.nats_replicas, only=(names.GATEWAY_LIMITS.stream,)
+        await startup.retrying(
+            "provisioning the limits bucket",
+            lambda: provision(
+                js, replicas=self._settings.nats_replicas, only=(names.GATEWAY_LIMITS.stream,)
+            ),
+            service=self.name,
         )
         await self.keys.start(self._nc, js, sync_timeout_s=SYNC_TIMEOUT_S)
         await self.models.start(self._nc, js, sync_timeout_s=SYNC_TIMEOUT_S)

@@ -24,13 +24,12 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
 from einsora.common.bus import message_headers, names
+from einsora.common.failures import log_failure, outlives
 from einsora.common.runloop import raise_if_cancelled
 from einsora.common.schemas import CountSource, TokenUsage
 from einsora.common.schemas.endpoint import CountCap
 
 log = logging.getLogger("einsora.gateway.usage")
-
-_BUS_FAILURES = (nats.errors.Error, OSError, TimeoutError)
 
 BATCH = 256
 """Publishes in flight at once."""
@@ -144,17 +143,17 @@ class UsagePublisher:
             if failed:
                 # Back at the front, in order: the bus is away; try again shortly.
                 self._queue.extendleft(reversed(failed))
-                log.warning(
-                    "usage publish failed; retrying", extra={"records": len(failed), "error": error}
-                )
+                log_failure(log, "usage publish failed; retrying", error, {"records": len(failed)})
                 await asyncio.sleep(RETRY_S)
 
-    async def _publish_batch(self, batch: list[UsageRecord]) -> tuple[list[UsageRecord], str]:
+    async def _publish_batch(
+        self, batch: list[UsageRecord]
+    ) -> tuple[list[UsageRecord], BaseException]:
         """Publish every record, then wait for the acks together; the records not acknowledged
-        (and why)."""
+        (and why the last of them was not)."""
         sent: list[tuple[UsageRecord, asyncio.Future[PubAck]]] = []
         failed: list[UsageRecord] = []
-        error = "-"
+        error: BaseException = TimeoutError("no acknowledgement in time")
         for index, record in enumerate(batch):
             try:
                 payload = record.message().to_bytes()
@@ -167,9 +166,11 @@ class UsagePublisher:
                 future = await self._js.publish_async(
                     names.usage_tokens_subject(record.tenant_id), payload, headers=headers
                 )
-            except _BUS_FAILURES as exc:
+            except Exception as exc:
+                if not outlives(exc, nats.errors.Error):  # a refusal: retried, with its traceback
+                    raise
                 failed.extend(batch[index:])
-                error = repr(exc)
+                error = exc
                 break
             sent.append((record, future))
         if sent:
@@ -178,10 +179,12 @@ class UsagePublisher:
             if not future.done():
                 future.cancel()
                 failed.append(record)
-                error = "no acknowledgement in time"
-            elif future.cancelled() or future.exception() is not None:
+                error = TimeoutError("no acknowledgement in time")
+            elif future.cancelled():
                 failed.append(record)
-                error = repr(future.exception()) if not future.cancelled() else "cancelled"
+            elif (refused := future.exception()) is not None:
+                failed.append(record)
+                error = refused
             else:
                 self.published += 1
         return failed, error

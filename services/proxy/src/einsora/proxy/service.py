@@ -16,6 +16,7 @@ from aiohttp import web
 from nats.aio.client import Client as NATS
 from pydantic import ValidationError
 
+from einsora.common import startup
 from einsora.common.aiohttp_edge import client_trace_configs
 from einsora.common.bus import (
     KvMirror,
@@ -125,14 +126,25 @@ class ProxyService:
         return None if self._metrics_server is None else self._metrics_server.port
 
     async def start(self) -> None:
-        self._nc = await connect_as(
-            self._settings.effective_nats_url,
-            identities.PROXY,
-            self._settings.nats_credentials_dir,
-            tls=tls_trusting(self._settings.nats_tls_cert),
+        # NATS away, or its JetStream not answering yet, is waited out (issue 35, F5).
+        self._nc = await startup.retrying(
+            "connecting to NATS",
+            lambda: connect_as(
+                self._settings.effective_nats_url,
+                identities.PROXY,
+                self._settings.nats_credentials_dir,
+                tls=tls_trusting(self._settings.nats_tls_cert),
+            ),
+            service=self.name,
         )
         js = self._nc.jetstream()
-        await provision(js, replicas=self._settings.nats_replicas, only=(names.ROUTES.stream,))
+        await startup.retrying(
+            "provisioning the routes bucket",
+            lambda: provision(
+                js, replicas=self._settings.nats_replicas, only=(names.ROUTES.stream,)
+            ),
+            service=self.name,
+        )
         data = self._settings.data_dir / "tunnel"
         routes = _Routes(
             on_removed=self.sessions.end_site,
@@ -148,7 +160,16 @@ class ProxyService:
             enrolments=lambda: self.enrolments,
             forwards=routes.tunnelled,
         )
-        await routes.start(self._nc, js, replicas=self._settings.nats_replicas)
+        nc = self._nc
+
+        async def follow_routes() -> None:
+            try:
+                await routes.start(nc, js, replicas=self._settings.nats_replicas)
+            except BaseException:
+                await routes.stop()  # its mirror kept trying: the next try starts another
+                raise
+
+        await startup.retrying("reading the routes", follow_routes, service=self.name)
         self._enrolment_mirror = KvMirror(
             self._nc,
             js,

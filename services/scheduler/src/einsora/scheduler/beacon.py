@@ -19,6 +19,7 @@ import nats.errors
 from nats.js import JetStreamContext
 
 from einsora.common.bus import bind_bucket, names
+from einsora.common.failures import log_failure, outlived, outlives
 from einsora.common.runloop import raise_if_cancelled
 from einsora.common.schemas import RegionStatus, SchedulerState
 from einsora.scheduler import regions
@@ -57,7 +58,7 @@ class RegionBeacon:
         if not say_stopped:
             return
         status = regions.summary(self._book(), self._period_s)
-        with contextlib.suppress(nats.errors.Error, OSError, TimeoutError):
+        with outlived(nats.errors.Error):
             await asyncio.wait_for(
                 self._put(status.model_copy(update={"state": SchedulerState.stopped})), 2.0
             )
@@ -77,8 +78,11 @@ class RegionBeacon:
                 if self._failing:
                     log.info("region beacon writing again")
                 self._failing = False
-            except (nats.errors.Error, OSError, TimeoutError) as exc:
+            except Exception as exc:
+                raise_if_cancelled()
+                if not outlives(exc, nats.errors.Error):  # a refusal: retried, with its traceback
+                    raise
                 if not self._failing:
-                    log.warning("region beacon cannot write; retrying", extra={"error": repr(exc)})
+                    log_failure(log, "region beacon cannot write; retrying", exc)
                 self._failing = True
             await asyncio.sleep(self._period_s)

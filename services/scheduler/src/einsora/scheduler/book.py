@@ -111,6 +111,9 @@ class Changes:
     """Intents for other regions decided this cycle (handover.py)."""
     handoffs_sent: list[str] = field(default_factory=list)
     """Handoffs published since the last commit: their stored rows are forgotten."""
+    ahead: set[str] = field(default_factory=set)
+    """Intents (ids) that came before their workload's create: not processed, handed back to
+    the bus to come again once the create is (intents.py)."""
 
     @property
     def to_store(self) -> bool:

@@ -13,6 +13,11 @@ next batch's fetch, decisions and commit: the projection is serialised at the co
 never carries a decision the store lacks, and projections go on the wire one after another;
 at most `PIPELINE` are in flight. A crash between any two steps is harmless: an intent not yet
 acked comes back and is recognised by its id.
+
+A commit the store refuses because the region's lease moved on (`Deposed`) ends the engine at
+once (issue 35, F1): it neither rebuilds its book nor projects anything again, and the service
+stands by. Machines' silence is timed from their last heartbeat the bus recorded, across a
+takeover and a reload (F7; observe.py).
 """
 
 from __future__ import annotations
@@ -46,11 +51,11 @@ from einsora.scheduler.hooks import EngineHooks
 from einsora.scheduler.intents import apply_intent
 from einsora.scheduler.machines import MachineReader
 from einsora.scheduler.model import Liveness
-from einsora.scheduler.observe import check_liveness
+from einsora.scheduler.observe import check_liveness, silence_from_the_bus
 from einsora.scheduler.projection import Projection, Projector
 from einsora.scheduler.quotas import apply_usage_key
 from einsora.scheduler.reclaim import check_reclaim
-from einsora.scheduler.store import SchedulerStore, Snapshot
+from einsora.scheduler.store import Deposed, SchedulerStore, Snapshot
 from einsora.scheduler.tokens import WorkloadTokens
 from einsora.scheduler.tracing import SchedulerTracing
 from einsora.scheduler.watch import MachineKey
@@ -69,6 +74,13 @@ class CycleFailed(EinsoraError):
     """The cycle's decisions did not all reach the store and the bus yet; retry the intents."""
 
     code = "scheduler_busy"
+    retryable = True
+
+
+class IntentAhead(EinsoraError):
+    """An intent came before its workload's create: delivered again later (intents.py)."""
+
+    code = "intent_ahead_of_create"
     retryable = True
 
 
@@ -207,12 +219,28 @@ class Engine:
         """Intents' trace contexts, and each decision's span (tracing.py)."""
         self.hooks = EngineHooks()
         """What the engine tells the metrics as it goes (hooks.py)."""
+        self._ahead: set[str] = set()
+        """Intents of the last cycles that came before their workload's create: their
+        submitter hands them back to the bus (`IntentAhead`)."""
         self.own_ports = OwnPorts(frozenset())
         """The control plane's own ports, which no route reaches (the book's, on every load)."""
+        self.on_deposed: Callable[[], None] | None = None
+        """Told once when the store refused a commit because another scheduler leads now; the
+        engine has stopped by then."""
+        self.halted = False
+        """Stopped for good (deposed, or stopped): it decides and writes nothing more."""
+        self.watched_until: datetime | None = None
+        """Until when the region's machines were judged before the first load: the previous
+        leader's last heartbeat, as the bus stored it (lease.py). A gap shorter than
+        `lost_after_s` is a takeover, and each machine's silence is timed from its last
+        heartbeat the bus recorded; no previous leader, or a longer gap (the whole cell was
+        down), gives every machine a grace period from the load (issue 35, F7)."""
+        self._unseen: set[str] = set()
+        """Machines whose grace from the load gives way to their last heartbeat on the bus."""
 
     # --- lifecycle --------------------------------------------------------------------------
 
-    async def load(self) -> None:
+    async def load(self, *, reloading: bool = False) -> None:
         """Rebuild the book from the store (at start, and after a failed commit)."""
         snapshot = await self.store.load(self.region)
         old = self.book
@@ -242,30 +270,63 @@ class Engine:
             self.reader.apply_enrolment(self.book, machine_id, enrolment, now)
         self.projector.events = list(snapshot.outbox)
         self.projector.writing.clear()  # no projection is in flight at a (re)load
+        self.projector.forget_writes()
+        watched = self.watched_until
+        self.reader.timed_by_bus = reloading or (
+            watched is not None and (utcnow() - watched).total_seconds() < self.timing.lost_after_s
+        )
+        self._unseen = (
+            {m.machine_id for m in self.book.machines.values() if m.liveness is not Liveness.lost}
+            if self.reader.timed_by_bus
+            else set()
+        )
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"scheduler engine {self.region}")
         self._ticker = asyncio.create_task(self._tick_loop(), name="scheduler ticks")
 
     async def stop(self) -> None:
+        tasks = [t for t in (self._ticker, self._task, *self._projecting) if t is not None]
+        self.halt()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def halt(self) -> None:
+        """Stop at once, before the caller's next await: no cycle decides, commits or projects
+        again; what waits on a cycle is told to retry (a deposed leader's first step)."""
+        self.halted = True
         for task in (self._ticker, self._task, *self._projecting):
-            if task is not None:
+            if task is not None and task is not asyncio.current_task():
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
         self._task = self._ticker = None
         self._projecting = []
+        stopped = CycleFailed("the scheduler stopped leading; another decides")
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if isinstance(item, _Intents | _Snapshot):
+                _fail([item.done], stopped)
 
     # --- inputs -----------------------------------------------------------------------------
 
     async def submit_intents(self, intents: list[tuple[WorkloadIntent, str | None]]) -> None:
         """Returns once the intents' decisions are in the store (their projection onto the bus
         follows, retried until it is written: the store has everything it needs)."""
+        if self.halted:
+            raise CycleFailed("the scheduler stopped leading; another decides")
         item = _Intents(intents)
         self._queue.put_nowait(item)
         await item.done
+        ahead = {i.intent_id for i, _ in intents} & self._ahead
+        if ahead:
+            self._ahead -= ahead
+            raise IntentAhead(
+                f"{len(ahead)} intent(s) came before their workload's create; delivered again"
+            )
 
     async def submit_snapshot(self, keys: list[MachineKey]) -> None:
+        if self.halted:
+            raise CycleFailed("the scheduler stopped leading; another decides")
         item = _Snapshot(keys)
         self._queue.put_nowait(item)
         await item.done
@@ -325,6 +386,18 @@ class Engine:
             started = time.perf_counter()
             try:
                 projection = await self._cycle(items)
+            except Deposed as exc:
+                # Another scheduler leads: stop here, before anything else is decided or
+                # written (no reload, no projection), and say so.
+                log.warning(
+                    "deposed: the store refused the commit; this scheduler stops deciding",
+                    extra={"region": self.region, "error": str(exc)},
+                )
+                _fail(intents + waiting, exc)
+                self.halt()
+                if self.on_deposed is not None:
+                    self.on_deposed()
+                return
             except Exception as exc:
                 self.hooks.cycled(time.perf_counter() - started, failed=True)
                 self._failures += 1
@@ -403,6 +476,8 @@ class Engine:
         if changes.to_store or published:
             try:
                 await self.store.commit(changes, published)
+            except Deposed:
+                raise  # the engine ends: nothing of this book is ever written
             except Exception:
                 log.exception("store commit failed; the book is rebuilt from the store")
                 self._stale = True
@@ -410,6 +485,7 @@ class Engine:
                 raise
             del self.projector.published[: len(published)]
         self.projector.take(changes)
+        self._ahead |= changes.ahead
         if self.handoffs is not None:
             self.handoffs.take(changes)
         self.hooks.committed(changes)
@@ -424,7 +500,8 @@ class Engine:
             if isinstance(item, MachineKey):
                 self.reader.apply(self.book, item, now, live=True)
             elif isinstance(item, _Snapshot):
-                self.reader.apply_snapshot(self.book, item.keys, now)
+                with silence_from_the_bus(self.book, self._unseen):
+                    self.reader.apply_snapshot(self.book, item.keys, now)
             elif isinstance(item, _Tick):
                 check_liveness(
                     self.book, now, self.timing.suspect_after_s, self.timing.lost_after_s
@@ -434,8 +511,9 @@ class Engine:
             elif isinstance(item, _Present):
                 self.reader.rewrite_missing(self.book, item.machine_ids)
             elif isinstance(item, _Replay):
-                for key in item.keys:
-                    self.reader.apply(self.book, key, now, live=False)
+                with silence_from_the_bus(self.book, self._unseen):
+                    for key in item.keys:
+                        self.reader.apply(self.book, key, now, live=False)
             elif isinstance(item, _UsageKey):
                 quota_moved |= apply_usage_key(self.book, item.key, item.value)
             elif isinstance(item, _EnrolmentKey):
@@ -482,7 +560,7 @@ class Engine:
         then the machines' latest values again, which the failed cycle may have applied."""
         if self._projecting:
             await asyncio.wait(list(self._projecting))  # their failures are requeued in load
-        await self.load()
+        await self.load(reloading=True)
         self._stale = False
         self._queue.put_nowait(_Replay(self.reader.latest_values()))
 

@@ -42,7 +42,20 @@ def apply_intent(
     stored_region: str | None = None,
 ) -> None:
     """Apply one new intent and record it as processed. `stored_region`: the region the store
-    gives a workload the book does not hold (a hand-over, or one that left this region)."""
+    gives a workload the book does not hold (a hand-over, or one that left this region).
+
+    A park, resume or remove of a workload neither the book nor the store knows came before
+    its create (the create's delivery failed and is on its way again): it is not processed but
+    put `ahead`, so the bus delivers it again after the create. Ignoring it would lose an
+    acknowledged request (I3)."""
+    unknown = book.workloads.get(intent.workload_id) is None and stored_region is None
+    if unknown and intent.action is not IntentAction.create and intent.handover is None:
+        book.changes.ahead.add(intent.intent_id)
+        log.info(
+            "intent before its workload's create: delivered again later",
+            extra={"workload_id": intent.workload_id, "action": intent.action.value},
+        )
+        return
     book.changes.intents.append(
         ProcessedIntent(intent.intent_id, intent.workload_id, intent.action.value)
     )

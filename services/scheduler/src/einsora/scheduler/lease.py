@@ -7,13 +7,22 @@ The lease lives in the `machines` bucket, beside the desired states it guards:
   sees no new heartbeat for `lease_s` (on its own clock) takes the term; a leader that stops
   cleanly writes a `released` heartbeat, and a standby takes over at once.
 
-The fence: every desired-state write of the leader, and every heartbeat, carries the revision
-of the term key it took (`names.fence_headers`), so JetStream stores it only while that term is
-still the latest: a deposed leader (SIGSTOPped, partitioned, slow) cannot write desired state.
-The store is fenced the same way: taking the lease raises the region's term in the scheduler's
-store (`take_term`) before the book is loaded, and every cycle's commit checks it, so a deposed
-leader commits no decision either. A refused heartbeat tells the leader it was deposed; one
-refused because the term key is gone (a wiped bucket) makes it take a new term at once.
+The fence: every heartbeat, and on a single server every desired-state write, carries the
+revision of the term key it took (`names.fence_headers`), so JetStream stores it only while that
+term is still the latest (on a cluster each desired write is fenced on its own key instead:
+projection.py). The store is fenced the same way: taking the lease raises the region's term in
+the scheduler's store (`take_term`) before the book is loaded, and every cycle's commit checks
+it, so a deposed leader (SIGSTOPped, partitioned, slow) commits no decision. A refused heartbeat
+tells the leader it was deposed; one refused because the term key is gone (a wiped bucket) makes
+it take a new term at once.
+
+The fence fails closed (issue 35, F1): a deposed leader keeps the term it held, so the store
+refuses whatever it still tries to commit, and the service stops its engine and its KV audit
+before anything else. Nothing here sets the store's fence back to "no check".
+
+Every read and write here survives the bus's transient failures (einsora.common.transient): a
+standby whose attempt meets a restarting server or a missing bucket tries again at its next
+poll, never ends (F2).
 
 A scheduler restarted with the same data directory is the same holder and takes its lease back
 without waiting for it to lapse.
@@ -27,17 +36,18 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from pathlib import Path
 
-import nats.errors
 from nats.js import JetStreamContext
-from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from pydantic import ValidationError
 
 from einsora.common.bus import bind_bucket, names
 from einsora.common.files import write_private
 from einsora.common.runloop import raise_if_cancelled
 from einsora.common.schemas import LeaderLease
+from einsora.common.transient import is_transient
 from einsora.scheduler.store import SchedulerStore
 
 log = logging.getLogger("einsora.scheduler.lease")
@@ -90,6 +100,11 @@ class RegionLease:
         """Another scheduler took the lease from this one while it held it."""
         self.on_fence: Callable[[dict[str, str]], None] | None = None
         """Told the new fence when the lease is taken (again, after a wiped bucket)."""
+        self.previous_beat_at: datetime | None = None
+        """When the bus stored the region's last heartbeat before this scheduler took the lease
+        (the bus's clock; None: there was none): how long the region went without a leader,
+        which tells the engine how to time its machines' silence (issue 35, F7)."""
+        self._failing = False
 
     @property
     def fence(self) -> dict[str, str]:
@@ -103,25 +118,35 @@ class RegionLease:
 
     async def try_acquire(self) -> bool:
         """Take the lease if it is free, released, lapsed or ours already; False if another
-        scheduler holds it (it stays theirs). Never waits for a lease to lapse."""
-        current, revision = await self._read(self._term_key)
-        if current is None:
-            return await self._take(1, 0)
-        if current.holder == self.holder and not self.deposed:
-            # Our own lease, from before a restart. Not once deposed: then another process runs
-            # with our data dir, and taking it back at once would depose it in turn, for ever.
-            return await self._take(current.term + 1, revision)
-        beat, _ = await self._read(self._heartbeat_key)
+        scheduler holds it (it stays theirs), or the bus could not say just now. Never waits for
+        a lease to lapse."""
+        try:
+            current, revision = await self._read(self._term_key)
+            if current is None:
+                return await self._take(1, 0)
+            if self._ours(current):
+                return await self._take(current.term + 1, revision)
+            beat, _ = await self._read(self._heartbeat_key)
+        except Exception as exc:
+            self._transient(exc, "the lease could not be read")
+            return False
         if beat is not None and beat.released and beat.term == current.term:
             return await self._take(current.term + 1, revision)
         return False
+
+    def _ours(self, current: LeaderLease) -> bool:
+        # Our own lease, from before a restart (or a take whose answer was lost). Not once
+        # deposed: then another process runs with our data dir, and taking it back at once
+        # would depose it in turn, for ever.
+        return current.holder == self.holder and not self.deposed
 
     async def acquire(self) -> None:
         """Wait, as a standby, until this scheduler holds the lease.
 
         It watches the heartbeat's revision (a direct get every `poll_s`): the lease lapses
         `lease_s` after the last change it saw, on its own clock, so no two hosts' clocks are
-        compared; a released heartbeat hands it over at once.
+        compared; a released heartbeat hands it over at once. A read or a take that fails for a
+        transient reason is tried again at the next poll: the wait never ends but in the lease.
         """
         if await self.try_acquire():
             return
@@ -130,7 +155,12 @@ class RegionLease:
         while True:
             raise_if_cancelled()
             await asyncio.sleep(self.poll_s)
-            beat, revision = await self._read(self._heartbeat_key)
+            try:
+                beat, revision = await self._read(self._heartbeat_key)
+            except Exception as exc:
+                self._transient(exc, "the lease's heartbeat could not be read; retrying")
+                continue
+            self._failing = False
             now = time.monotonic()
             if revision != seen:
                 seen, since = revision, now
@@ -138,11 +168,17 @@ class RegionLease:
                     continue
             elif now - since < self.lease_s:
                 continue
-            current, term_revision = await self._read(self._term_key)
+            try:
+                current, term_revision = await self._read(self._term_key)
+            except Exception as exc:
+                self._transient(exc, "the lease's term could not be read; retrying")
+                continue
             if current is None:
                 if await self._take(1, 0):
                     return
-            elif beat is not None and beat.released and beat.term == current.term:
+            elif self._ours(current) or (
+                beat is not None and beat.released and beat.term == current.term
+            ):
                 if await self._take(current.term + 1, term_revision):
                     return
             else:
@@ -152,35 +188,79 @@ class RegionLease:
                 )
                 if await self._take(current.term + 1, term_revision):
                     return
-            since = time.monotonic()  # another standby won: its lease runs from now
+            since = time.monotonic()  # another standby won (or the bus failed): wait a lease
+
+    def _transient(self, exc: Exception, what: str) -> None:
+        """Log a failure a retry may cure (once until things work again); raise any other."""
+        raise_if_cancelled()
+        if not is_transient(exc):
+            raise exc
+        if not self._failing:
+            log.warning(what, extra={"region": self.region, "error": repr(exc)})
+        self._failing = True
 
     async def _take(self, term: int, revision: int) -> bool:
         """Compare-and-set the term key from `revision` to `term` held by us, then the store's
-        term: True when both are ours."""
+        term: True when both are ours. False when another scheduler was first, or the bus or
+        the store failed transiently (the caller tries again)."""
         value = LeaderLease(region=self.region, holder=self.holder, term=term).to_bytes()
+        beat_at = await self._beat_time()
         try:
             if revision == 0:
                 new_revision = await self._kv.create(self._term_key, value)
             else:
                 new_revision = await self._kv.update(self._term_key, value, last=revision)
-        except (KeyWrongLastSequenceError, APIError) as exc:
+        except KeyWrongLastSequenceError as exc:
             log.info("another scheduler took the lease first", extra={"error": repr(exc)})
             return False
-        if not await self._store.take_term(self.region, term, self.holder):
+        except APIError as exc:
+            if exc.err_code != WRONG_LAST_SEQUENCE and not is_transient(exc):
+                raise
+            log.info("the lease was not taken; trying again", extra={"error": repr(exc)})
+            return False
+        except Exception as exc:
+            self._transient(exc, "taking the lease failed; trying again")
+            return False
+        try:
+            taken = await self._store.take_term(self.region, term, self.holder)
+        except Exception as exc:
+            self._transient(exc, "the store could not take the term; trying again")
+            return False
+        if not taken:
             log.warning(
                 "the store has a newer term than the lease: not leading",
                 extra={"region": self.region, "term": term},
             )
             return False
         self.term, self.revision = term, new_revision
+        self.previous_beat_at = beat_at
         self._store.fence = (self.region, term)
         if self.on_fence is not None:
             self.on_fence(self.fence)
-        await self._beat()
+        self._failing = False
+        try:
+            await self._beat()
+        except Exception as exc:  # the renewal beats again within a sixth of the lease
+            self._transient(exc, "the first heartbeat failed; renewing")
         log.info(
             "leading the region", extra={"region": self.region, "term": term, "holder": self.holder}
         )
         return True
+
+    async def _beat_time(self) -> datetime | None:
+        """When the bus stored the region's last heartbeat (None: none, or unreadable now)."""
+        try:
+            msg = await self._js.get_msg(
+                names.MACHINES.stream,
+                subject=names.MACHINES.key_subject(self._heartbeat_key),
+                direct=True,
+            )
+        except NotFoundError:
+            return None
+        except Exception as exc:
+            self._transient(exc, "the last heartbeat's time could not be read")
+            return None
+        return msg.time
 
     async def _read(self, key: str) -> tuple[LeaderLease | None, int]:
         try:
@@ -198,7 +278,8 @@ class RegionLease:
     # --- keeping it -------------------------------------------------------------------------
 
     def keep(self, on_deposed: Callable[[], Awaitable[None]]) -> None:
-        """Renew the lease until released; `on_deposed` runs once if another scheduler took it."""
+        """Renew the lease until released; `on_deposed` runs once if another scheduler took it
+        (it must stop the engine and the audit before anything else)."""
         self._renewing = asyncio.create_task(self._renew(on_deposed), name="scheduler lease")
 
     async def _renew(self, on_deposed: Callable[[], Awaitable[None]]) -> None:
@@ -210,26 +291,50 @@ class RegionLease:
                 await self._beat()
             except APIError as exc:
                 if exc.err_code != WRONG_LAST_SEQUENCE:
-                    raise
-                if await self._retake_wiped():
+                    failing = self._renewal_failed(exc, failing)
+                    continue
+                try:
+                    if await self._retake_wiped():
+                        continue
+                except Exception as retake:
+                    failing = self._renewal_failed(retake, failing)
                     continue
                 log.warning(
                     "deposed: another scheduler leads the region now",
                     extra={"region": self.region, "term": self.term},
                 )
-                self.term = 0
+                # Fail closed: the store's fence keeps our old term, so a cycle that runs while
+                # the service steps down commits nothing; the service stops the engine first.
                 self.deposed = True
-                self._store.fence = None
                 await on_deposed()
+                self.stand_down()
                 return
-            except (nats.errors.Error, TimeoutError, OSError) as exc:
-                if not failing:
-                    log.warning("lease not renewed; retrying", extra={"error": repr(exc)})
-                failing = True
+            except Exception as exc:
+                failing = self._renewal_failed(exc, failing)
                 continue
             if failing:
                 log.info("lease renewed again", extra={"region": self.region})
                 failing = False
+
+    def _renewal_failed(self, exc: Exception, failing: bool) -> bool:
+        """A heartbeat that failed: logged (once while it keeps failing), and tried again; the
+        renewal never ends but deposed or released."""
+        raise_if_cancelled()
+        if not failing:
+            if is_transient(exc):
+                log.warning("lease not renewed; retrying", extra={"error": repr(exc)})
+            else:
+                log.error("lease not renewed, unexpectedly; retrying", extra={"error": repr(exc)})
+        return True
+
+    def stand_down(self) -> None:
+        """Another scheduler holds the lease (its heartbeat or the store said so): stop
+        renewing and hold no term. The store's fence keeps the term we held: fail closed."""
+        self.deposed = True
+        self.term = 0
+        renewing, self._renewing = self._renewing, None
+        if renewing is not None and renewing is not asyncio.current_task():
+            renewing.cancel()
 
     async def _retake_wiped(self) -> bool:
         """After a refused heartbeat: True when the lease is (again) ours. The term key gone (a
@@ -261,7 +366,7 @@ class RegionLease:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await renewing
         if self.term:
-            with contextlib.suppress(nats.errors.Error, TimeoutError, OSError, APIError):
+            with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._beat(released=True), 1.0)
+        # The store's fence keeps the term we held: nothing commits on it once another takes it.
         self.term = 0
-        self._store.fence = None

@@ -47,6 +47,10 @@ class MachineReader:
         """Machines whose values were ignored (not enrolled), logged once each."""
         self._refused: set[tuple[str, str]] = set()
         """(machine, kind) whose latest value was refused, logged once until a readable one."""
+        self.timed_by_bus = True
+        """Whether a value read again is timed by when the bus stored it; False after a load
+        with no leader for long (the whole cell was down): then every machine is given a grace
+        period from now, as if it had just reported (issue 35, F7)."""
 
     def apply_enrolment(
         self, book: Book, machine_id: str, enrolment: Enrolment | None, now: float
@@ -111,6 +115,10 @@ class MachineReader:
     def apply_snapshot(self, book: Book, keys: list[MachineKey], now: float) -> None:
         """A snapshot of the whole bucket: values applied, desired states compared."""
         self.projector.written_revision.clear()
+        if self.projector.per_key:  # each key's revision, judged below (projection.py)
+            self.projector.revisions = {
+                k.machine_id: k.revision for k in keys if k.kind == "desired"
+            }
         in_kv: dict[str, int | None] = {}
         for key in sorted(keys, key=lambda k: k.kind != "inventory"):
             if key.kind == "desired":
@@ -125,7 +133,8 @@ class MachineReader:
                 self.projector.dirty.add(machine.machine_id)
 
     def apply(self, book: Book, key: MachineKey, now: float, *, live: bool) -> None:
-        """One value; `live` when just received (else judged by its own heartbeat time)."""
+        """One value; `live` when just received (else timed by when the bus stored it, never by
+        the agent's clock: issue 35, F7)."""
         if key.kind == "desired":
             self._desired_changed(book, key)
             return
@@ -135,6 +144,7 @@ class MachineReader:
         enrolment = self._enrolled(key)
         if enrolment is None:
             return
+        seen_at = now if live or not self.timed_by_bus else now - _age_s(key)
         try:
             if key.kind == "inventory":
                 if len(key.value) > Inventory.MAX_BYTES:
@@ -147,15 +157,14 @@ class MachineReader:
                     raise ValueError("the inventory names another machine than its key")
                 if inventory.region != enrolment.region:
                     inventory = inventory.model_copy(update={"region": enrolment.region})
-                machine = apply_inventory(book, inventory, now)
+                machine = apply_inventory(book, inventory, seen_at)
                 if machine is not None:
                     _take_enrolment(book, machine, enrolment)
             elif not (live and self._only_a_heartbeat(book, key, now)):
                 observed = ObservedState.from_bytes(key.value)
                 if observed.machine_id != key.machine_id:
                     raise ValueError("the observed state names another machine than its key")
-                age = 0.0 if live else (utcnow() - observed.heartbeat_at).total_seconds()
-                apply_observed(book, observed, now - max(0.0, age))
+                apply_observed(book, observed, seen_at)
                 self._remember_observed(book, key)
         except (ValidationError, ValueError) as exc:
             self._refuse(key, exc)
@@ -221,6 +230,9 @@ class MachineReader:
             return
         if key.revision <= self.projector.written_revision.get(key.machine_id, 0):
             return  # our own write coming back, or an older one
+        if self.projector.per_key:  # judged below: what our next write of the key expects
+            revisions = self.projector.revisions
+            revisions[key.machine_id] = max(key.revision, revisions.get(key.machine_id, 0))
         seen = None if key.deleted else _generation(key.value)
         writing = self.projector.writing.get(key.machine_id)
         if seen is not None and writing is not None and seen <= writing:
@@ -270,6 +282,13 @@ def _take_enrolment(book: Book, machine: Machine, enrolment: Enrolment) -> None:
             machine.lend,
         ) = sharing
         book.machine_changed(machine)
+
+
+def _age_s(key: MachineKey) -> float:
+    """How long ago the bus stored the value (0 when it did not say)."""
+    if key.stored_at is None:
+        return 0.0
+    return max(0.0, (utcnow() - key.stored_at).total_seconds())
 
 
 def _generation(value: bytes) -> int | None:

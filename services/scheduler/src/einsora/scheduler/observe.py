@@ -13,9 +13,11 @@ what is no longer wanted, and takes new work once it has applied that.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 from einsora.common.schemas import (
@@ -155,6 +157,17 @@ def _observe_row(
             book.release(machine, row, Target.parked)
             how = seen.reason if seen is not None and seen.phase is ObservedPhase.parked else ""
             book.transition(workload, WorkloadState.parked, reasons.parked(machine.machine_id, how))
+        elif (
+            workload.state is WorkloadState.failed
+            and workload.reason.startswith(reasons.MACHINE_LOST)
+            and seen is not None
+            and seen.phase is ObservedPhase.failed
+            and seen.reason
+        ):
+            # Back from being lost, its agent says how it ended there (it stopped it itself,
+            # cut off: ADR-0029); once, as the reason then no longer says "machine lost".
+            why = reasons.failed_while_cut_off(machine.machine_id, seen.reason)
+            book.transition(workload, WorkloadState.failed, why)
         return
     if seen is None:
         return
@@ -181,6 +194,29 @@ def _observe_row(
 
 def heartbeat(book: Book, machine: Machine, seen_at: float) -> None:
     machine.last_seen = max(machine.last_seen, seen_at)
+
+
+@contextlib.contextmanager
+def silence_from_the_bus(book: Book, unseen: set[str]) -> Iterator[None]:
+    """Time the silence of the machines in `unseen`, given a grace period at the book's load,
+    from the heartbeats the values applied inside carry (their times on the bus), not from the
+    load: after a takeover or a reload a silent machine is lost `lost_after_s` after its real
+    last sign of life (issue 35, F7). A machine none of them speaks of keeps its grace. Empties
+    `unseen`: only the first reading after a load replaces the grace."""
+    graced: dict[str, float] = {}
+    for machine_id in unseen:
+        machine = book.machines.get(machine_id)
+        if machine is not None and machine.liveness is not Liveness.lost:
+            graced[machine_id] = machine.last_seen
+            machine.last_seen = -math.inf
+    unseen.clear()
+    try:
+        yield
+    finally:
+        for machine_id, grace in graced.items():
+            machine = book.machines.get(machine_id)
+            if machine is not None and machine.last_seen == -math.inf:
+                machine.last_seen = grace
 
 
 def next_liveness(

@@ -13,6 +13,17 @@ its events and routes together (a burst's events as atomic batches, one commit e
 bus/batch.py); each after the previous projection's, so every key's writes stay in order. What
 could not be written goes back to pending and is retried by a later projection; an intent is
 acked only after its cycle's projection was written in full (ADR-0004).
+
+Desired-state writes are fenced, so a deposed leader's never land after its successor's (issue
+35, F1; ADR-0021). On a single server each carries the lease's term fence (`fence`). A clustered
+stream refuses a second conditional write on one subject while one is in flight (JetStream's
+error 10164), so there each write is fenced on its own key instead (`per_key`): it expects the
+key at the revision this scheduler last wrote there, or last read there and judged against its
+book (a snapshot, a watched change). The expected revision is fixed when the projection is
+prepared, or, for a key the previous projection is still writing, is that write's own revision
+once acked (a write after a failed one is not sent). A write another scheduler's write
+overtook is refused, and the key is judged again when its new value is read. Only the key's own
+writes queue behind each other; other machines' go out together as before.
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
@@ -35,6 +47,7 @@ from einsora.common.errors import EinsoraError
 from einsora.common.schemas import DesiredState, DesiredWorkload, Route
 from einsora.scheduler.book import Book, Changes, OutboxEvent
 from einsora.scheduler.model import Machine
+from einsora.scheduler.replaceable import replaceable
 from einsora.scheduler.tracing import desired_headers, desired_spans, desired_traces, end_spans
 
 log = logging.getLogger("einsora.scheduler.projection")
@@ -67,6 +80,12 @@ class Projection:
     """Set once its desired states are on the wire: the next projection may send its own."""
     events_sent: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once its events and routes are on the wire (or will not be sent)."""
+    bases: list[int | asyncio.Future[int]] = field(default_factory=list)
+    """Per desired write, fenced per key: the revision its key is expected at, or the write of
+    that key still in flight whose revision it is once acked."""
+    written: list[asyncio.Future[int]] = field(default_factory=list)
+    """Per desired write, fenced per key: its revision once acked (what a later write of the
+    key expects)."""
 
     @property
     def size(self) -> int:
@@ -102,6 +121,12 @@ class Projector:
         self.fence: dict[str, str] | None = None
         """Headers every desired-state write carries: the leader's fence (lease.py), which makes
         NATS refuse the write once another scheduler took the lease; None: unfenced."""
+        self.per_key = False
+        """Fence each desired write on its own key's revision instead (a clustered stream)."""
+        self.revisions: dict[str, int] = {}
+        """Fenced per key: the revision each machine's desired key is expected at."""
+        self._inflight: dict[str, asyncio.Future[int]] = {}
+        """Fenced per key: each key's latest write not yet settled."""
         self.on_desired_written: Callable[[float], None] | None = None
         """Told each projection's KV write lag: from its commit to its desired states' acks."""
 
@@ -133,6 +158,7 @@ class Projector:
                     traceparent=w.traceparent,
                     request_id=w.request_id if w.traceparent else None,
                     driver=row.driver,
+                    replaceable=replaceable(w),
                 )
             )
         return DesiredState(
@@ -154,9 +180,87 @@ class Projector:
         if not (desired or events or routes):
             return None
         projection = Projection(desired, events, routes)
+        if self.per_key:
+            self._fence_each_key(projection)
         if telemetry.ON:
             projection.traces = desired_traces(book, events, [m for m, _, _ in desired])
         return projection
+
+    def _fence_each_key(self, projection: Projection) -> None:
+        """Fix what each desired write expects of its key, now that its content is fixed."""
+        loop = asyncio.get_running_loop()
+        for machine_id, _, _ in projection.desired:
+            previous = self._inflight.get(machine_id)
+            projection.bases.append(
+                previous if previous is not None else self.revisions.get(machine_id, 0)
+            )
+            written: asyncio.Future[int] = loop.create_future()
+            written.add_done_callback(_retrieved)
+            projection.written.append(written)
+            self._inflight[machine_id] = written
+
+    def forget_writes(self) -> None:
+        """No write is in flight (a reload): what each key is expected at stays."""
+        for written in self._inflight.values():
+            if not written.done():
+                written.set_exception(ProjectionFailed("reloaded"))
+        self._inflight.clear()
+
+    async def _fenced_headers(
+        self, projection: Projection, headers: list[dict[str, str] | None]
+    ) -> list[dict[str, str] | None]:
+        """Each desired write's headers with the revision its key is expected at; None for a
+        write not to send (the write of its key before it failed, or is still unanswered)."""
+        fenced: list[dict[str, str] | None] = []
+        for base, each in zip(projection.bases, headers, strict=True):
+            if isinstance(base, asyncio.Future):
+                try:
+                    base = await asyncio.wait_for(asyncio.shield(base), self._timeout)
+                except Exception:
+                    fenced.append(None)
+                    continue
+            fenced.append({**(each or {}), names.EXPECTED_LAST_SUBJECT_SEQUENCE_HEADER: str(base)})
+        return fenced
+
+    async def _send_fenced(
+        self, projection: Projection, headers: list[dict[str, str] | None]
+    ) -> list[asyncio.Future[PubAck]]:
+        """Send each desired write its key's fence allows; a write held back counts as failed
+        (its key stays dirty), exactly as one the server refused."""
+        fenced = await self._fenced_headers(projection, headers)
+        loop = asyncio.get_running_loop()
+        to_send = [
+            (names.MACHINES.key_subject(names.desired_key(m)), payload, h)
+            for (m, _, payload), h in zip(projection.desired, fenced, strict=True)
+            if h is not None
+        ]
+        sent = iter(await self._send(to_send))
+        futures: list[asyncio.Future[PubAck]] = []
+        for h in fenced:
+            future = next(sent, None) if h is not None else None
+            if future is None:
+                future = loop.create_future()
+                future.set_exception(ProjectionFailed("not sent: its key's last write failed"))
+                future.add_done_callback(_retrieved)
+            futures.append(future)
+        return futures
+
+    def _settle_fences(self, projection: Projection, acks: list[PubAck | BaseException]) -> None:
+        """Each desired write's revision, for what a later write of its key expects."""
+        for (machine_id, _, _), written, ack in zip(
+            projection.desired, projection.written, acks, strict=False
+        ):
+            if isinstance(ack, PubAck):
+                self.revisions[machine_id] = max(ack.seq, self.revisions.get(machine_id, 0))
+                if not written.done():
+                    written.set_result(ack.seq)
+            elif not written.done():
+                written.set_exception(ProjectionFailed(f"not written: {ack!r}"))
+            if self._inflight.get(machine_id) is written:
+                del self._inflight[machine_id]
+        for written in projection.written:
+            if not written.done():
+                written.set_exception(ProjectionFailed("not written"))
 
     async def write(self, projection: Projection, after: Projection | None = None) -> None:
         """Send `projection`'s desired states, and once they are stored its events and routes
@@ -167,13 +271,18 @@ class Projector:
                 await after.desired_sent.wait()
             spans = desired_spans(projection.desired, projection.traces) if telemetry.ON else None
             headers = desired_headers(len(projection.desired), self.fence, spans)
-            desired = await self._send(
-                (names.MACHINES.key_subject(names.desired_key(m)), payload, h)
-                for (m, _, payload), h in zip(projection.desired, headers, strict=True)
-            )
+            if projection.bases:
+                desired = await self._send_fenced(projection, headers)
+            else:
+                desired = await self._send(
+                    (names.MACHINES.key_subject(names.desired_key(m)), payload, h)
+                    for (m, _, payload), h in zip(projection.desired, headers, strict=True)
+                )
             projection.desired_sent.set()
             acks = await self._settle(desired)
             acks += [TimeoutError("not sent")] * (len(projection.desired) - len(acks))
+            if projection.written:
+                self._settle_fences(projection, acks)
             if spans is not None:
                 end_spans(spans, acks)
             if self.on_desired_written is not None and projection.desired:
@@ -192,6 +301,9 @@ class Projector:
             # Whatever happened, the next projection must not wait on this one for ever.
             projection.desired_sent.set()
             projection.events_sent.set()
+            for written in projection.written:
+                if not written.done():
+                    written.set_exception(ProjectionFailed("not written"))
         acks += [TimeoutError("not sent")] * (projection.size - len(acks))
         self._settled(projection, acks)
 
@@ -268,3 +380,9 @@ class Projector:
         if failed:
             log.warning("some publishes failed", extra={"failed": failed})
         return results
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """A future whose failure nobody may wait for is still retrieved (no warning at exit)."""
+    if not future.cancelled():
+        future.exception()

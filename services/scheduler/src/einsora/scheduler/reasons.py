@@ -221,6 +221,15 @@ def machine_back(machine_id: str) -> str:
     return f"{machine_id} is back; it is told to stop what it still runs for this workload"
 
 
+def failed_while_cut_off(machine_id: str, why: str) -> str:
+    """A machine back from being lost says how the workload ended there meanwhile (its agent
+    stopped it itself, cut off: ADR-0029)."""
+    return (
+        f"failed on {machine_id} while it was cut off from the control plane: {why}; resume "
+        "it to place it again"
+    )
+
+
 def device_gone(machine_id: str, uuid: str) -> str:
     return (
         f"GPU {uuid} on {machine_id} is quarantined or gone, so the workload using it was "

@@ -9,6 +9,11 @@ as a standby, and takes over (doing all of that) once the leader's lease lapses 
 a leader deposed by another goes back to standing by. `stop()` undoes it, releasing the lease so
 a standby takes over at once, and may be called twice.
 
+A deposed leader (its heartbeat refused, or a commit the store refused) stops its engine and its
+KV audit first, before anything else, and keeps its old term in the store's fence, so it
+commits and writes nothing more (issue 35, F1). A standby never gives up: an error while it
+waits for the lease or takes it over is logged and tried again (F2).
+
 The region is its one parameter of place (`settings.region`, `einsora scheduler --region`):
 it consumes only `intent.<region>.>`, owns only its region's machines, and, while it leads,
 says it is alive in `regions/<region>` (ADR-0022), which other regions read before a region
@@ -30,7 +35,7 @@ from nats.js.errors import NoKeysError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
-from einsora.common import telemetry
+from einsora.common import startup, telemetry
 from einsora.common.bus import (
     DurableConsumer,
     close_quietly,
@@ -50,6 +55,7 @@ from einsora.common.runloop import raise_if_cancelled
 from einsora.common.schemas import WorkloadIntent, utcnow, what_is_wrong
 from einsora.common.settings import Settings
 from einsora.common.targets import OwnPorts
+from einsora.common.transient import is_transient
 from einsora.scheduler.beacon import PERIOD_S as BEACON_PERIOD_S
 from einsora.scheduler.beacon import RegionBeacon
 from einsora.scheduler.engine import CycleFailed, Engine, Timing
@@ -127,6 +133,8 @@ class SchedulerService:
         self._js: JetStreamContext | None = None
         self._lease: RegionLease | None = None
         self._standby: asyncio.Task[None] | None = None
+        self._stepping_down: asyncio.Task[None] | None = None
+        self._deposing = False
         self.metrics = SchedulerMetrics(self.region, lambda: self.engine.book)
         self._metrics_server: MetricsServer | None = None
         self._stopping = False
@@ -157,16 +165,27 @@ class SchedulerService:
             raise
 
     async def _start(self) -> None:
-        self._nc = await connect_as(
-            self.settings.effective_nats_url,
-            identities.SCHEDULER,
-            self.settings.nats_credentials_dir,
-            name=f"einsora-scheduler-{self.region}",
-            tls=tls_trusting(self.settings.nats_tls_cert),
+        # NATS away, or its JetStream not answering yet, is waited out (issue 35, F5).
+        self._nc = await startup.retrying(
+            "connecting to NATS",
+            lambda: connect_as(
+                self.settings.effective_nats_url,
+                identities.SCHEDULER,
+                self.settings.nats_credentials_dir,
+                name=f"einsora-scheduler-{self.region}",
+                tls=tls_trusting(self.settings.nats_tls_cert),
+            ),
+            service=self.name,
         )
         js = self._js = self._nc.jetstream()
-        await provision(js, replicas=self.settings.nats_replicas)
-        self._store = SchedulerStore(self.settings.effective_database_url)
+        await startup.retrying(
+            "provisioning the bus",
+            lambda: provision(js, replicas=self.settings.nats_replicas),
+            service=self.name,
+        )
+        self._store = SchedulerStore(
+            self.settings.effective_database_url, lease_s=self.settings.scheduler_lease_s
+        )
         await self._store.migrate()
         self._metrics_server = serve(
             self.metrics.registry,
@@ -192,12 +211,25 @@ class SchedulerService:
         return {"region": self.region, "holder": self._lease.holder if self._lease else None}
 
     async def _stand_by(self) -> None:
-        """Wait for the lease, then lead; a failed start is retried (the bus or store away)."""
+        """Wait for the lease, then lead. Whatever fails meanwhile (the bus or the store away,
+        a takeover's start) is logged and tried again: a standby never ends but in `stop()`."""
         lease = self._lease
         assert lease is not None
         while True:
             raise_if_cancelled()
-            await lease.acquire()
+            try:
+                await lease.acquire()
+            except Exception as exc:
+                raise_if_cancelled()
+                if is_transient(exc):
+                    log.warning(
+                        "waiting for the lease failed; trying again",
+                        extra={**self._where(), "error": repr(exc)},
+                    )
+                else:
+                    log.exception("waiting for the lease failed; trying again", extra=self._where())
+                await asyncio.sleep(lease.renew_s)
+                continue
             try:
                 await self._lead()
             except Exception:
@@ -210,10 +242,35 @@ class SchedulerService:
             return
 
     async def _deposed(self) -> None:
-        """Another scheduler took the lease: stop deciding, and stand by again."""
-        await self._unlead(deposed=True)
-        if not self._stopping:
+        """Another scheduler took the lease: stop deciding and writing at once, then the rest,
+        and stand by again. The engine halts and the KV audit stops before anything else; the
+        store's fence keeps the old term throughout (fail closed: lease.py)."""
+        if self._deposing:
+            return
+        self._deposing = True
+        try:
+            engine = self._engine
+            if engine is not None:
+                engine.halt()  # no await before this: no cycle runs once we know
+            watch, self._watch = self._watch, None
+            if watch is not None:
+                await watch.stop()
+            if self._lease is not None:
+                self._lease.stand_down()
+            await self._unlead(deposed=True)
+        finally:
+            self._deposing = False
+        standby = self._standby
+        if not self._stopping and (standby is None or standby.done()):
+            # (A takeover still starting in the standby task fails on its own, and waits again.)
             self._standby = asyncio.create_task(self._stand_by(), name="scheduler standby")
+
+    def _engine_deposed(self) -> None:
+        """The store refused the engine's commit: another scheduler leads (news the lease's
+        heartbeat may not have brought yet, after a stall)."""
+        log.warning("deposed: another scheduler leads the region now", extra=self._where())
+        if self._stepping_down is None or self._stepping_down.done():
+            self._stepping_down = asyncio.create_task(self._deposed(), name="scheduler steps down")
 
     async def _lead(self) -> None:
         """Everything a leader runs, from the book's load to consuming intents."""
@@ -233,12 +290,14 @@ class SchedulerService:
             registry=self.metrics.registry,
         )
         if self.settings.nats_replicas == 1:
-            # Each desired-state write is fenced on the lease's term key. A clustered stream
-            # refuses a second such check while one is in flight (JetStream's error 10164), which
-            # would serialise the writes; there the store's fence and the generations do it
-            # (ADR-0021).
+            # Each desired-state write is fenced on the lease's term key.
             projector.fence = self._lease.fence
             self._lease.on_fence = lambda fence: setattr(projector, "fence", fence)
+        else:
+            # A clustered stream refuses a second check on one subject while one is in flight
+            # (JetStream's error 10164), which would serialise every write behind the term key:
+            # there each desired write is fenced on its own key (projection.py, ADR-0021).
+            projector.per_key = True
         projector.on_desired_written = self.metrics.desired_written
         engine = Engine(
             self.region,
@@ -257,6 +316,8 @@ class SchedulerService:
         )
         engine.hooks = self.metrics
         engine.own_ports = OwnPorts.of(self.settings)  # no route reaches them (ADR-0026)
+        engine.on_deposed = self._engine_deposed
+        engine.watched_until = self._lease.previous_beat_at  # a takeover times silence (F7)
         self._engine = engine
         await engine.load()
         engine.start()
@@ -316,17 +377,20 @@ class SchedulerService:
         self._beacon = RegionBeacon(js, lambda: engine.book, period_s=self._beacon_s)
         await self._beacon.beat()
         self._beacon.start()
+        if engine.halted or self._engine is not engine:
+            raise CycleFailed("deposed while taking over")
         self.metrics.lease(leader=True, term=self._lease.term)
         self.leading.set()
         log.info("scheduler ready", extra={"region": self.region, "term": self._lease.term})
 
     async def stop(self) -> None:
         self._stopping = True
-        standby, self._standby = self._standby, None
-        if standby is not None:
-            standby.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await standby
+        for task in (self._stepping_down, self._standby):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._stepping_down = self._standby = None
         await self._unlead()
         lease, self._lease = self._lease, None
         if lease is not None:

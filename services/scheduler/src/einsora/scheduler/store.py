@@ -31,7 +31,7 @@ from einsora.common.schemas import (
 from einsora.scheduler import tables as t
 from einsora.scheduler.book import Changes, Handoff, OutboxEvent
 from einsora.scheduler.model import Chain, Liveness, Machine, Row, Workload
-from einsora.store import Database
+from einsora.store import Database, is_postgres
 from einsora.store.statements import execute
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -53,7 +53,22 @@ class Snapshot:
 class SchedulerStore(Database):
     """The scheduler's tables behind an async engine (SQLite or Postgres), with the store's one
     transaction policy: in Solo it shares the api's file, and its writes take turns with the
-    api's rather than failing (einsora.store.database)."""
+    api's rather than failing (einsora.store.database).
+
+    With `lease_s` (a region's schedulers share a Postgres database), a transaction left idle
+    that long is ended by the server: a leader frozen (SIGSTOPped) in the middle of a commit
+    holds the lease row's lock, and would otherwise keep every standby from taking the term
+    until it woke (issue 35). No commit of a live leader idles between its statements for a
+    whole lease; one that did was deposed anyway. A takeover waits that long for the lock at
+    most, then tries again."""
+
+    def __init__(self, url: str, *, lease_s: float | None = None, **engine_options: Any) -> None:
+        self.lease_s = lease_s
+        if lease_s is not None and is_postgres(url):
+            connect_args = engine_options.setdefault("connect_args", {})
+            settings = connect_args.setdefault("server_settings", {})
+            settings["idle_in_transaction_session_timeout"] = str(max(1, round(lease_s * 1000)))
+        super().__init__(url, **engine_options)
 
     async def migrate(self) -> None:  # type: ignore[override]
         await super().migrate(MIGRATIONS, version_table=VERSION_TABLE)
@@ -153,7 +168,11 @@ class SchedulerStore(Database):
         """Raise the region's term to `term` for `holder`; False when the store already has a
         term as high (another scheduler took the lease after us)."""
 
+        lock_timeout_ms = None if self.lease_s is None else max(1, round(self.lease_s * 1000))
+
         def take(conn: sa.Connection) -> bool:
+            if lock_timeout_ms is not None and conn.dialect.name == "postgresql":
+                conn.execute(sa.text(f"SET LOCAL lock_timeout = {lock_timeout_ms}"))
             row = conn.execute(
                 sa.select(t.leases.c.term).where(t.leases.c.region == region).with_for_update()
             ).first()

@@ -32,6 +32,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from einsora.common.bus import names, provision
 from einsora.common.bus.pace import MACHINE_REPORT_EVERY_S, Pacer
+from einsora.common.failures import log_failure
 from einsora.common.runloop import raise_if_cancelled
 
 log = logging.getLogger("einsora.scheduler.watch")
@@ -46,6 +47,9 @@ class MachineKey:
     value: bytes
     revision: int
     deleted: bool
+    stored_at: datetime | None = None
+    """When the bus stored it (the server's clock, never the agent's): a machine's last sign
+    of life, for a value read again after a takeover or a reload (issue 35, F7)."""
 
 
 def _parse(entry: KeyValue.Entry) -> MachineKey | None:
@@ -53,12 +57,14 @@ def _parse(entry: KeyValue.Entry) -> MachineKey | None:
         machine_id, kind = names.split_machine_key(entry.key)
     except ValueError:
         return None
+    created: object = entry.created  # nats-py types it int; a watch gives the stored datetime
     return MachineKey(
         machine_id=machine_id,
         kind=kind,
         value=entry.value or b"",
         revision=entry.revision or 0,
         deleted=entry.operation in (KV_DEL, KV_PURGE),
+        stored_at=created if isinstance(created, datetime) else None,
     )
 
 
@@ -162,12 +168,11 @@ class MachinesWatch:
             await asyncio.sleep(self._audit_s)
             try:
                 await self._check()
-            except (nats.errors.Error, OSError, TimeoutError) as exc:
+            except Exception as exc:
                 raise_if_cancelled()
-                log.warning("machines bucket audit failed; retrying", extra={"error": repr(exc)})
-            except Exception:
-                raise_if_cancelled()
-                log.exception("machines bucket audit failed unexpectedly; retrying")
+                # Whatever it was, the audit goes on: a transient failure is said without its
+                # traceback, anything else with it.
+                log_failure(log, "machines bucket audit failed; retrying", exc)
 
     async def _check(self) -> None:
         # Only the desired keys: a third of the bucket, so a thousand machines' audit stays cheap.

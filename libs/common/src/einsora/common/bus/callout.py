@@ -42,6 +42,7 @@ from einsora.common.bus.accounts import (
     MACHINE_MAX_SUBSCRIPTIONS,
 )
 from einsora.common.bus.identities import AUTH_REQUEST_SUBJECT, Identity, Permissions
+from einsora.common.failures import outlives
 
 log = logging.getLogger("einsora.bus.callout")
 
@@ -241,9 +242,12 @@ class AuthCallout:
                 except nats.errors.ConnectionClosedError as exc:
                     error = str(exc) or type(exc).__name__
                     break  # no system connection: trying again cannot help
-                except (nats.errors.Error, ValueError) as exc:
+                except Exception as exc:
                     # A busy server's answer came late, or not at all: the connection would
-                    # otherwise live on until its JWT expires.
+                    # otherwise live on until its JWT expires. A refusal or an unreadable
+                    # answer is tried again too, as few times.
+                    if not outlives(exc, nats.errors.Error, ValueError):
+                        raise
                     error = str(exc) or type(exc).__name__
                     if attempt + 1 < KICK_TRIES:
                         await asyncio.sleep(KICK_RETRY_S * 2**attempt)

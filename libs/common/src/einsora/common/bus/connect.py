@@ -9,7 +9,9 @@ before it tries again, and a network failure needs no such question.
 nats-py closes a connection for good when the server ends it over its credential ("User
 Authentication Expired", a revoked or removed user), and retries a refused reconnect for ever.
 A caller that passes `on_closed` runs its own outer loop, so for it a refused reconnect closes
-the connection too: both cases then reach that loop the same way.
+the connection too: both cases then reach that loop the same way. nats-py closes an ended
+session from a task of its own, and that close can fail before it calls back (writing to the
+socket the server closed): such a caller also watches `is_closed`, which is set first.
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ async def connect(
     sends it as its `auth_token` (a machine credential, which Lab's auth callout maps to the
     machine's permissions). `tls` is the context for a `tls://` server (None: the system's CA
     trust). `on_closed` is awaited once the connection is closed for good, whoever closed it
-    (nats-py on an expired or revoked credential, a refused reconnect, or the caller).
+    (nats-py on an expired or revoked credential, a refused reconnect, or the caller); only
+    when nats-py's own close fails is it not (`nc.is_closed` then says so).
 
     Raises BusUnavailable naming the URL when no connection is made within `startup_timeout`,
     and CredentialRefused (a ConfigError) as soon as the server refuses the credential.
@@ -84,7 +87,7 @@ async def connect(
     again logs its outage once itself.
     """
     where = shown_url(url)
-    state: dict[str, bool] = {"reported": False}
+    state: dict[str, bool] = {"reported": False, "told_closed": False}
     holder: list[NATS] = []
     refused = asyncio.Event()
     closing: set[asyncio.Task[None]] = set()
@@ -100,7 +103,7 @@ async def connect(
                 # A refused reconnect: nats-py would retry it for ever. Closing hands it to
                 # the caller's own loop. Not awaited here: this runs inside the reconnect task,
                 # which close() cancels.
-                task = asyncio.create_task(holder[0].close())
+                task = asyncio.create_task(close_refused(holder[0]))
                 closing.add(task)
                 task.add_done_callback(closing.discard)
         # The default callback prints a traceback per attempt; one line per outage is enough.
@@ -118,8 +121,17 @@ async def connect(
         log.info("nats reconnected", extra={"url": where})
 
     async def on_closed_for_good() -> None:
-        if holder and on_closed is not None:
+        if holder and on_closed is not None and not state["told_closed"]:
+            state["told_closed"] = True
             await on_closed()
+
+    async def close_refused(nc: NATS) -> None:
+        # nats-py's close sends what the client still holds before it calls `closed_cb`, to a
+        # socket the server has just closed: it raises then (ConnectionResetError), and the
+        # caller's loop, told nothing, would wait for ever (issue 35, F3). The connection is
+        # closed all the same, so the caller is told here whatever close did.
+        await close_quietly(nc)
+        await on_closed_for_good()
 
     # Any: nats-py types its timeouts as int, and they are fractions of a second here.
     options: dict[str, Any] = {
@@ -195,9 +207,11 @@ async def _abandon(nc: NATS, attempt: asyncio.Future[None]) -> None:
 
 def _refusal(where: str, credentials: Identity | None, token: str | None) -> CredentialRefused:
     if token is not None:
+        # No advice to join again here: the server refuses too while the api, whose auth
+        # callout vouches for machines, is down; the agent asks the api which it is.
         return CredentialRefused(
-            f"NATS at {where} refused this machine's credential (revoked, expired, or unknown "
-            "there); `einsora agent join` gives the machine a new one"
+            f"NATS at {where} refused this machine's credential (revoked, expired or unknown, "
+            "or the control plane that vouches for machines is down)"
         )
     who = credentials.name if credentials is not None else "a client without credentials"
     return CredentialRefused(

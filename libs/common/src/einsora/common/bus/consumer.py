@@ -3,10 +3,12 @@
 Each message is handled, then acked only after its side effect is committed. What happens when
 the handler raises is decided by what it raised, and nothing but poison is ever given up on:
 
-- a retryable `EinsoraError` (the store is unavailable) or any other exception (a bug, which a
-  fix and a restart will get past) is `nak`ed with a capped exponential back-off and jitter, for
-  as long as it takes: the consumer has no delivery cap (`max_deliver` -1), because a cap would
-  silently drop intents and timeline events during an outage longer than the retries;
+- a retryable `EinsoraError` (the store is unavailable), a transient failure of the bus or the
+  store (`transient.is_transient`: Postgres refusing connections, a request nobody answers), or
+  any other exception (a bug, which a fix and a restart will get past) is `nak`ed with a
+  capped exponential back-off and jitter, for as long as it takes: the consumer has no delivery
+  cap (`max_deliver` -1), because a cap would silently drop intents and timeline events during
+  an outage longer than the retries;
 - poison, a non-retryable `EinsoraError` or a message that cannot be parsed (a pydantic
   `ValidationError`), is `term`inated at once, logged at ERROR with its subject, stream sequence,
   consumer and reason, and counted.
@@ -44,7 +46,9 @@ from pydantic import ValidationError
 from einsora.common import logs
 from einsora.common.bus import names
 from einsora.common.errors import EinsoraError
+from einsora.common.failures import log_failure, outlives
 from einsora.common.runloop import raise_if_cancelled
+from einsora.common.transient import is_transient
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry
@@ -93,7 +97,7 @@ class Reason(StrEnum):
     """Why a message was redelivered or terminated: the label of the counts."""
 
     retryable = "retryable"
-    """Redelivered: the handler raised a retryable `EinsoraError` (a transient failure)."""
+    """Redelivered: the handler raised a retryable `EinsoraError` or a transient failure."""
     unexpected = "unexpected"
     """Redelivered: the handler raised something that is not an `EinsoraError` (a bug)."""
     non_retryable = "non_retryable"
@@ -224,13 +228,15 @@ class DurableConsumer:
                         durable=self._durable, stream=self._stream
                     )
                 msgs = await sub.fetch(self._batch, timeout=self._fetch_wait_s)
-            except (TimeoutError, nats.errors.TimeoutError):
+            except TimeoutError:  # nats-py's own too: nothing to fetch yet
                 continue
-            except (nats.errors.Error, OSError) as exc:
-                # Disconnected or the server is restarting: wait for the client to reconnect.
-                log.warning(
-                    "fetch failed; retrying", extra={"consumer": self._durable, "error": repr(exc)}
-                )
+            except Exception as exc:
+                # Disconnected or the server is restarting: wait for the client to reconnect. A
+                # refusal by the bus is retried as well, with its traceback.
+                raise_if_cancelled()
+                if not outlives(exc, nats.errors.Error):
+                    raise
+                log_failure(log, "fetch failed; retrying", exc, {"consumer": self._durable})
                 await asyncio.sleep(0.5)
                 continue
             if self._batch_handler is not None and len(msgs) > 1:
@@ -262,9 +268,9 @@ class DurableConsumer:
                     await self._retry(rest, Reason.retryable, transient)
                 return
 
-    async def _handle(self, msg: Msg) -> EinsoraError | None:
+    async def _handle(self, msg: Msg) -> Exception | None:
         """Handle one message and ack, nak or term it; the error when it failed for a reason
-        that is not its own (a retryable `EinsoraError`), else None."""
+        that is not its own (a retryable `EinsoraError`, a transient failure), else None."""
         request_id = names.REQUEST_ID_HEADER
         with logs.bind(request_id=(msg.headers or {}).get(request_id), subject=msg.subject):
             try:
@@ -279,6 +285,9 @@ class DurableConsumer:
                 await self._terminate(msg, Reason.unparseable, _validation_summary(exc))
                 return None
             except Exception as exc:
+                if is_transient(exc):  # the bus or the store away, as a retryable error says
+                    await self._retry(msg, Reason.retryable, exc)
+                    return exc
                 log.exception("handler failed", extra={"consumer": self._durable})
                 await self._retry(msg, Reason.unexpected, exc)
                 return None

@@ -267,6 +267,19 @@ def agent_permissions(identity: str, machine_ids: Sequence[str] | None = None) -
     return Permissions(publish=tuple(publish), subscribe=tuple(subscribe), machine=True)
 
 
+def sim_machine_ids(agent: str, count: int) -> list[str]:
+    """The machines a sim agent hosts, as `einsora agent --machine-id AGENT --sim-machines N`
+    names them: `[agent]` for one, `agent-0001` … for several. `einsora bus-config
+    --sim-agent` grants them and the api enrols them (`POST /v1/machines/sim-agents`), so all
+    three must name the same machines."""
+    if count < 1:
+        raise ValueError(f"a sim agent hosts at least 1 machine, not {count}")
+    if count == 1:
+        return [agent]
+    width = max(4, len(str(count)))
+    return [f"{agent}-{i:0{width}d}" for i in range(1, count + 1)]
+
+
 # --- seeds on disk ----------------------------------------------------------------------------
 
 
@@ -348,6 +361,9 @@ ISSUER = "callout-issuer"
 Its seed (`SA…`) is an account seed, not a user seed."""
 AUTH_REQUEST_SUBJECT = names.AUTH_REQUEST_SUBJECT
 """Where the server asks the auth callout who a connecting client is (in the callout's account)."""
+CONTROL_PLANE = frozenset({*SERVICES, CALLOUT, SYSTEM, ISSUER})
+"""The control plane's own identities: a machine or sim agent named so would share its seed file
+in the credentials dir, and its identity on the bus."""
 
 
 def callout_permissions() -> Permissions:
@@ -390,6 +406,7 @@ def ensure_issuer(directory: Path) -> Identity:
 __all__ = [
     "AUTH_REQUEST_SUBJECT",
     "CALLOUT",
+    "CONTROL_PLANE",
     "ISSUER",
     "SERVICES",
     "SYSTEM",
@@ -404,5 +421,6 @@ __all__ = [
     "load_identity",
     "seed_path",
     "service_permissions",
+    "sim_machine_ids",
     "system_permissions",
 ]

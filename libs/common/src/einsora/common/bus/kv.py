@@ -7,7 +7,6 @@ watches its one key with a plain subscription (`key_subscription`, ADR-0028).
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -18,6 +17,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from pydantic import ValidationError
 
 from einsora.common.bus.names import BucketName
+from einsora.common.failures import outlived
 from einsora.common.schemas.base import Message
 
 M = TypeVar("M", bound=Message)
@@ -76,7 +76,7 @@ async def read_bucket(
                 entry.revision or 0, None if deleted else (entry.value or b"")
             )
     finally:
-        with contextlib.suppress(nats.errors.Error, OSError, TimeoutError):
+        with outlived(nats.errors.Error):
             await watcher.stop()  # type: ignore[no-untyped-call]
 
 

@@ -29,6 +29,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from einsora.common.bus.kv import bind_bucket
 from einsora.common.bus.names import BucketName
+from einsora.common.failures import log_failure, outlived
 from einsora.common.runloop import raise_if_cancelled
 
 log = logging.getLogger("einsora.bus.mirror")
@@ -36,8 +37,6 @@ log = logging.getLogger("einsora.bus.mirror")
 OnPut = Callable[[str, bytes], None]
 OnDelete = Callable[[str], None]
 OnSynced = Callable[[], None]
-
-_FAILURES = (nats.errors.Error, OSError, TimeoutError)
 
 
 class KvMirror:
@@ -111,24 +110,16 @@ class KvMirror:
                 # or a broken watch the server may be a new one whose revisions restarted.
                 audit = await self._follow(watchers, reconnects)
                 full = not audit or self._nc.stats["reconnects"] != reconnects
-            except _FAILURES as exc:
+            except Exception as exc:
                 raise_if_cancelled()
-                # Before its first read, a bucket not made yet is the api still starting (its
-                # service makes the buckets): no warning a person should read.
-                early = isinstance(exc, NotFoundError) and not self._synced.is_set()
-                log.log(
-                    logging.INFO if early else logging.WARNING,
-                    "kv mirror read failed; retrying",
-                    extra={"bucket": self._bucket.name, "error": repr(exc)},
-                )
-                full = True
-                await asyncio.sleep(self._retry_s)
-            except Exception:
-                raise_if_cancelled()
-                # A mirror that stopped would serve stale values (and never revoke): go on.
-                log.exception(
-                    "kv mirror failed unexpectedly; retrying", extra={"bucket": self._bucket.name}
-                )
+                # A mirror that stopped would serve stale values (and never revoke): go on,
+                # whatever it was. Before its first read, a bucket not made yet is the api
+                # still starting (its service makes the buckets): no warning a person should read.
+                where = {"bucket": self._bucket.name}
+                if isinstance(exc, NotFoundError) and not self._synced.is_set():
+                    log.info("kv mirror read failed; retrying", extra={**where, "error": repr(exc)})
+                else:
+                    log_failure(log, "kv mirror read failed; retrying", exc, where)
                 full = True
                 await asyncio.sleep(self._retry_s)
 
@@ -205,7 +196,7 @@ class KvMirror:
     async def _unwatch(self) -> None:
         watchers, self._watchers = self._watchers, []
         for watcher in watchers:
-            with contextlib.suppress(*_FAILURES):
+            with outlived(nats.errors.Error):
                 await watcher.stop()  # type: ignore[no-untyped-call]
 
     def _put(self, key: str, value: bytes, revision: int) -> None:

@@ -57,6 +57,11 @@ class DesiredWorkload(Message):
     driver: str | None = None
     """The driver the scheduler chose for it on this machine (`process`, `docker`, `libvirt`,
     …); None: the agent's own default (desired states from before drivers were chosen)."""
+    replaceable: bool = Field(default=False, exclude_if=lambda v: not v)
+    """The control plane may run it elsewhere once this machine is lost (it has a fallback
+    chain, or it is one of an endpoint's replicas): cut off from the bus for
+    `agent_fence_after_s`, its agent stops it, unless its spec says `disconnect: keep`
+    (ADR-0029). Left out of the value when False, so other workloads' entries are as before."""
 
 
 class DesiredState(Message):

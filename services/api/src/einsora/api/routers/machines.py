@@ -1,5 +1,5 @@
-"""`/v1/machines/…`: join tokens, the join exchange, a machine's own view, revocation
-(sharing is `machine_sharing.py`'s).
+"""`/v1/machines/…`: join tokens, the join exchange, a machine's own view, revocation, and the
+operator's enrolment of a sim agent's machines (sharing is `machine_sharing.py`'s).
 
 The join exchange and `self` authenticate no API token: the first carries a join token in its
 body, the second the machine's own credential (`Authorization: Bearer agk_…`); both count
@@ -43,7 +43,8 @@ from einsora.api.schemas.machines import (
     MachineSelf,
     TunnelInfo,
 )
-from einsora.api.services import machines
+from einsora.api.schemas.sim_agents import SimAgentEnrol, SimAgentEnrolled
+from einsora.api.services import machines, sim_agents
 from einsora.common.settings import Settings
 
 log = logging.getLogger("einsora.api.machines")
@@ -54,7 +55,7 @@ class _MachineIdConvertor(Convertor[str]):
     """A machine id in a path: a subject token, and none of this router's own words, so that
     `/v1/machines/join-tokens` is never taken for a machine (nor advertises its methods)."""
 
-    regex = r"(?!(?:join-tokens|join|self)$)[A-Za-z0-9_-]{1,128}"
+    regex = r"(?!(?:join-tokens|join|self|sim-agents)$)[A-Za-z0-9_-]{1,128}"
 
     def convert(self, value: str) -> str:
         return value
@@ -159,6 +160,46 @@ async def list_join_tokens(call: Me, query: Annotated[PageQuery, Query()]) -> Re
 async def revoke_join_token(call: Me, token_id: TokenId) -> Response:
     await machines.revoke_join_token(call.ctx.store, call.me, token_id, now=call.ctx.clock())
     return no_content()
+
+
+@router.post(
+    "/v1/machines/sim-agents",
+    summary="Enrol the machines a sim agent hosts (the operator only), and say how to start it",
+    response_model=SimAgentEnrolled,
+    status_code=201,
+    responses=errors(*AUTH_ERRORS, *BODY_ERRORS, 403, 409),
+)
+async def enrol_sim_agent(
+    call: Me,
+    request: Request,
+    body: Annotated[SimAgentEnrol, Depends(JsonBody(SimAgentEnrol))],
+) -> Response:
+    settings = call.ctx.settings
+    made = await sim_agents.enrol_sim_agent(
+        call.ctx.store, call.me, body, default_region=settings.region, now=call.ctx.clock()
+    )
+    sync = enrolments_of(request)
+    if sync is not None:
+        for enrolment in made.enrolments:
+            await sync.put(enrolment)  # the scheduler counts them from here
+    log.info(
+        "sim agent's machines enrolled",
+        extra={"agent": body.agent, "machines": body.count, "new": made.enrolled},
+    )
+    answer = SimAgentEnrolled(
+        agent=body.agent,
+        machine_ids=[e.machine_id for e in made.enrolments],
+        enrolled=made.enrolled,
+        region=made.region,
+        owner_tenant_id=made.owner_tenant_id,
+        sharing=made.enrolments[0].sharing,
+        nats_url=settings.agent_nats_url or settings.effective_nats_url,
+        agent_command=sim_agents.agent_command(body.agent, body.count, made.region),
+        agent_env=sim_agents.agent_env(settings),
+        bus_identity_found=sim_agents.bus_identity_found(settings, body.agent),
+        sim_machines_allowed=settings.sim_machines,
+    )
+    return reply(answer, 201)
 
 
 @router.post(

@@ -56,6 +56,7 @@ ACTIONS: dict[str, str] = {
     "revoke_join_token": "join_token.revoke",
     "join": "machine.join",
     "revoke_machine": "machine.revoke",
+    "enrol_sim_agent": "machine.enrol_sim",
     "share_machine": "machine.share",
     "reclaim_machine": "machine.reclaim",
     "release_machine": "machine.release",

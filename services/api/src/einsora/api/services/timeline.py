@@ -1,14 +1,22 @@
 """A workload's timeline: reading it, and taking the scheduler's events into it.
 
 An event is stored once (its `event_id` is unique), so a redelivered or republished event adds
-nothing. It moves the workload's state and placement only when its `seq` is higher than the
-last one applied: an older event that arrives late is kept in the timeline but changes nothing.
+nothing. A workload's events apply in the order of their `seq`, whatever order they arrive in
+(an api SIGKILLed holding unacked events gets them back only after the ack wait, behind the
+events that followed them; issue 35, F6):
+- the state moves only on an event whose `seq` is higher than the last one applied, so a late
+  event never moves it back;
+- the placement is the one of the latest event that carried one: a late `scheduled` event still
+  places a workload that its later `starting` and `running` events (which carry none) found
+  unplaced, but never undoes a placement made after it;
+- the timeline lists the scheduler's events in `seq` order, and the api's own entries by time
+  among them (`in_sequence`), since events' times need not follow their `seq`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -32,32 +40,79 @@ log = logging.getLogger("einsora.api.timeline")
 MAX_REASON = 2000
 
 
-def _after(cursor: str | None) -> tuple[datetime, int] | None:
+def _after(cursor: str | None) -> tuple[datetime, int, int] | None:
     if cursor is None:
         return None
     key = decode_cursor(cursor)
+    if not isinstance(key, list):
+        raise field_error("cursor", "is not a cursor this API returned")
     try:
-        at, entry_id = key
+        if len(key) == 2:  # a cursor from before entries were ordered by seq (issue 35)
+            key = [key[0], -1, key[1]]
+        at, seq, entry_id = key
         when = datetime.fromisoformat(at)
     except (TypeError, ValueError) as exc:
         raise field_error("cursor", "is not a cursor this API returned") from exc
-    if when.tzinfo is None or not isinstance(entry_id, int) or not 0 <= entry_id < 2**62:
+    if (
+        when.tzinfo is None
+        or not isinstance(seq, int)
+        or not isinstance(entry_id, int)
+        or not -1 <= seq < 2**62
+        or not 0 <= entry_id < 2**62
+    ):
         raise field_error("cursor", "is not a cursor this API returned")
-    return when, entry_id
+    return when, seq, entry_id
+
+
+def in_sequence(workload_id: str) -> sa.Subquery:
+    """A workload's timeline with the key that orders it, `(place, rank, id)`.
+
+    The scheduler's events follow their `seq`, though their times need not: one agent's
+    report times two transitions alike, a lost machine's are timed at its last heartbeat
+    (after the note that it went quiet), a scheduler that took over has its own clock, and a
+    late event is inserted last. So an event's `place` is the latest time of the events up to
+    its own `seq` (never earlier than one before it), and `rank` is its `seq`. The api's own
+    entries (no `seq`) keep their own time, ranked before an event of the same instant."""
+    t = m.timeline.c
+    place = sa.case(
+        (t.seq.is_(None), t.at),
+        else_=sa.func.max(t.at).over(
+            partition_by=t.seq.is_(None), order_by=(t.seq, t.id), rows=(None, 0)
+        ),
+    )
+    return (
+        sa.select(
+            t.id,
+            t.at,
+            t.kind,
+            t.state,
+            t.reason,
+            t.request_id,
+            place.label("place"),
+            sa.func.coalesce(t.seq, -1).label("rank"),
+        )
+        .where(t.workload_id == workload_id)
+        .subquery("in_sequence")
+    )
 
 
 async def list_entries(
     store: Store, principal: Principal, workload_id: str, query: PageQuery
 ) -> TimelinePage:
-    """A workload's timeline, oldest first."""
+    """A workload's timeline, in order (`in_sequence`)."""
     after = _after(query.cursor)
-    t = m.timeline.c
-    stmt = sa.select(t.id, t.at, t.kind, t.state, t.reason, t.request_id).where(
-        t.workload_id == workload_id
-    )
+    t = in_sequence(workload_id).c
+    stmt = sa.select(t.id, t.at, t.kind, t.state, t.reason, t.request_id, t.place, t.rank)
     if after is not None:
-        stmt = stmt.where(sa.or_(t.at > after[0], sa.and_(t.at == after[0], t.id > after[1])))
-    stmt = stmt.order_by(t.at, t.id).limit(query.limit + 1)
+        place, rank, entry_id = after
+        stmt = stmt.where(
+            sa.or_(
+                t.place > place,
+                sa.and_(t.place == place, t.rank > rank),
+                sa.and_(t.place == place, t.rank == rank, t.id > entry_id),
+            )
+        )
+    stmt = stmt.order_by(t.place, t.rank, t.id).limit(query.limit + 1)
     async with store.read() as conn:
         if not await exists(conn, principal, workload_id):
             raise NotFound(f"no workload {workload_id!r}")
@@ -66,7 +121,8 @@ async def list_entries(
     items = [TimelineEntryOut.model_validate(r, from_attributes=True) for r in page]
     cursor = None
     if len(rows) > query.limit:
-        cursor = encode_cursor([page[-1].at.isoformat(), page[-1].id])
+        last = page[-1]
+        cursor = encode_cursor([last.place.isoformat(), int(last.rank), last.id])
     return TimelinePage(items=items, next_cursor=cursor)
 
 
@@ -108,17 +164,20 @@ async def apply_events(
 def _apply_all(
     conn: sa.Connection, events: Sequence[tuple[WorkloadEvent, str | None]]
 ) -> list[bool]:
-    """The events in order, as if applied one after another, in a handful of statements
-    whatever their number: a fetched batch is read at once (its workloads, locked, and which
-    of its events are stored), then its new entries inserted and its workloads updated at once.
-    A launch brings about three events, so statements per event were most of the api's
-    timeline cost."""
+    """The events in `seq` order per workload, as if applied one after another, in a handful
+    of statements whatever their number: a fetched batch is read at once (its workloads,
+    locked, and which of its events are stored), then its new entries inserted and its
+    workloads updated at once. A launch brings about three events, so statements per event
+    were most of the api's timeline cost."""
     applied = [False] * len(events)
-    valid = [
-        (i, event, request_id)
-        for i, (event, request_id) in enumerate(events)
-        if _well_formed(event)
-    ]
+    valid = sorted(
+        (
+            (i, event, request_id)
+            for i, (event, request_id) in enumerate(events)
+            if _well_formed(event)
+        ),
+        key=lambda v: v[1].seq,  # stable: a workload's events in seq order, whatever came first
+    )
     workload_ids = sorted({event.workload_id for _, event, _ in valid})
     found = {
         r.id: r
@@ -130,6 +189,7 @@ def _apply_all(
         for chunk in _chunks(sorted({e.event_id for _, e, _ in valid}))
         for event_id in conn.execute(_STORED_EVENTS, {"ids": chunk}).scalars()
     }
+    placed_seq = _placed_seqs(conn, _placed_late(valid, found))
     entries: list[dict[str, Any]] = []
     moved: dict[str, dict[str, Any]] = {}
     for i, event, request_id in valid:
@@ -169,15 +229,20 @@ def _apply_all(
             "placed_class": workload.placed_class,
             "current_region": workload.current_region,
         }
-        if event.seq <= now["last_seq"]:
+        if event.seq > now["last_seq"]:
+            now["last_seq"] = event.seq
+            if event.kind is EventKind.transition:
+                now["state"] = event.state.value
+            if event.region is not None:
+                # Where its later intents go: a region step's note names the next region
+                # (ADR-0022).
+                now["current_region"] = _clean(event.region)
+        elif placed is None or event.seq <= _placement_seq(now, placed_seq, event.workload_id):
             continue  # an older event arriving late: in the timeline, but it moves nothing
-        now["last_seq"] = event.seq
-        if event.kind is EventKind.transition:
-            now["state"] = event.state.value
-        if event.region is not None:
-            # Where its later intents go: a region step's note names the next region (ADR-0022).
-            now["current_region"] = _clean(event.region)
         if placed is not None:
+            # The newest event that placed it: its state may have moved on since, but no
+            # later event said where it runs (only `scheduled` does).
+            placed_seq[event.workload_id] = event.seq
             now["placed_region"] = _clean(placed.region)
             now["placed_machine"] = _clean(placed.machine)
             now["placed_class"] = _clean(placed.placed_class)
@@ -190,6 +255,44 @@ def _apply_all(
             conn, _MOVE_WORKLOAD, [{**row, "updated_at": at} for row in moved.values()]
         )
     return applied
+
+
+def _placed_late(
+    valid: Sequence[tuple[int, WorkloadEvent, str | None]], found: Mapping[str, Any]
+) -> list[str]:
+    """The workloads that hold a placement and get a placing event no newer than their last
+    one: only for them is the seq of their placement read (a rare path: a redelivery)."""
+    late = set()
+    for _, event, _ in valid:
+        workload = found.get(event.workload_id)
+        if (
+            event.placement is not None
+            and workload is not None
+            and workload.placed_machine is not None
+            and event.seq <= workload.last_seq
+        ):
+            late.add(event.workload_id)
+    return sorted(late)
+
+
+def _placed_seqs(conn: sa.Connection, workload_ids: list[str]) -> dict[str, int]:
+    """The `seq` of the latest stored event that placed each of these workloads (none: the
+    placement came before migration 0014 recorded one in the timeline)."""
+    return {
+        r.workload_id: r.seq
+        for chunk in _chunks(workload_ids)
+        for r in conn.execute(_LATEST_PLACEMENTS, {"ids": chunk})
+        if r.seq is not None
+    }
+
+
+def _placement_seq(now: Mapping[str, Any], placed_seq: Mapping[str, int], workload_id: str) -> int:
+    """The `seq` of the event that set the workload's placement as it stands in `now`: none
+    placed yet is -1; one whose event is unknown counts as new as the last event applied, so
+    a late event never undoes it."""
+    if workload_id in placed_seq:
+        return placed_seq[workload_id]
+    return -1 if now["placed_machine"] is None else int(now["last_seq"])
 
 
 def _well_formed(event: WorkloadEvent) -> bool:
@@ -226,6 +329,14 @@ _WORKLOADS_OF_EVENTS = (
 )
 _STORED_EVENTS = sa.select(m.timeline.c.event_id).where(
     m.timeline.c.event_id.in_(sa.bindparam("ids", expanding=True))
+)
+_LATEST_PLACEMENTS = (
+    sa.select(m.timeline.c.workload_id, sa.func.max(m.timeline.c.seq).label("seq"))
+    .where(
+        m.timeline.c.workload_id.in_(sa.bindparam("ids", expanding=True)),
+        m.timeline.c.placed_machine.is_not(None),
+    )
+    .group_by(m.timeline.c.workload_id)
 )
 _MOVE_WORKLOAD = (
     sa.update(m.workloads)

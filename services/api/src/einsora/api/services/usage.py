@@ -42,6 +42,7 @@ from einsora.api.schemas.usage import (
 from einsora.api.services.tenants import visible_tenant
 from einsora.api.store import Store
 from einsora.common.bus import names
+from einsora.common.failures import log_failure, outlives
 from einsora.common.schemas import (
     ReportGroup,
     UsageItem,
@@ -82,8 +83,10 @@ class Accounting:
                 "usage reports come from accounting, and no accounting service is running; "
                 "start it (Solo runs it) and retry"
             ) from None
-        except (nats.errors.Error, TimeoutError, OSError) as exc:
-            log.warning("accounting did not answer a report", extra={"error": repr(exc)})
+        except Exception as exc:
+            if not outlives(exc, nats.errors.Error):
+                raise
+            log_failure(log, "accounting did not answer a report", exc)
             raise Unavailable(
                 f"accounting did not answer within {self._timeout_s:g} s; retry shortly"
             ) from None
