@@ -86,15 +86,18 @@ async def test_a_machine_cut_off_stops_what_may_run_elsewhere_and_says_so(
         assert all(set(_phases(s).values()) == {ObservedPhase.running} for s in writes())
 
         # The bus goes away: those the control plane may place elsewhere are stopped.
+        # Timed from before the server is asked to stop: a JetStream server's shutdown takes a
+        # while, and the agent hears nothing from it meanwhile.
+        cut_at = time.monotonic()
         await close_quietly(nc)
         own_nats_server.stop()
-        cut_at = time.monotonic()
         deadline = cut_at + FENCE_S + 15
         while processes.alive(pids["w-moves"]) or processes.alive(pids["w-stops"]):
             assert time.monotonic() < deadline, "the fenced workloads still run"
             await asyncio.sleep(0.05)  # a look at the processes every 50 ms, until the deadline
-        # Timed from its last acknowledged write (at most one heartbeat before the cut).
-        assert time.monotonic() - cut_at >= FENCE_S - HEARTBEAT_S - 0.1
+        # Timed from its last acknowledged write: sent at most a heartbeat before the cut, and
+        # a heartbeat may itself be late by as much on a busy host, but never the fence time.
+        assert time.monotonic() - cut_at >= FENCE_S - 2 * HEARTBEAT_S
         assert processes.alive(pids["w-stays"])
         assert processes.alive(pids["w-kept"])
 
