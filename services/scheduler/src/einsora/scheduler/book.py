@@ -473,6 +473,15 @@ class Book:
         self, workload: Workload, kind: EventKind, reason: str, placement: Placement | None
     ) -> None:
         workload.seq += 1
+        at = self.event_at or utcnow()
+        if kind is EventKind.transition:
+            last = workload.last_transition_at
+            if last is not None and at < last:
+                # A lost machine's last heartbeat, turned from monotonic into wall time, can
+                # come out a microsecond before the report that was that heartbeat: its
+                # transitions stay in order (an allocation never ends before it began).
+                at = last
+            workload.last_transition_at = at
         event = WorkloadEvent(
             event_id=f"{workload.workload_id}-{workload.seq}",
             workload_id=workload.workload_id,
@@ -481,7 +490,7 @@ class Book:
             state=workload.state,
             reason=reason,
             seq=workload.seq,
-            at=self.event_at or utcnow(),
+            at=at,
             placement=placement,
             request_id=workload.request_id,
             metered=self._metered(workload) if kind is EventKind.transition else None,

@@ -255,6 +255,10 @@ class Workload:
     """The class it is placed as: its own, or a fallback step's (None: never placed)."""
     chain: Chain | None = None
     """Its fallback chain (None: it asked for no substitute)."""
+    last_transition_at: datetime | None = None
+    """When its last transition was timed (in memory): the next is never timed before it,
+    though one is timed back to a lost machine's last heartbeat, read off another clock. A
+    note may come between them (a suspect machine's) and is not counted."""
 
     @property
     def queue_key(self) -> tuple[datetime, str]:
