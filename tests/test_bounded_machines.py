@@ -123,14 +123,18 @@ async def test_a_machine_rewriting_a_large_inventory_in_a_loop_holds_up_no_other
     assert all(256 * 1024 < len(v) < 512 * 1024 for v in large)
     tries = {"written": 0, "refused": 0}
     under_way = asyncio.Event()
+    done = asyncio.Event()
 
     async def flood(values: list[bytes]) -> None:
-        """Rewrite the inventory for ever, connecting again whenever the server hangs up."""
-        while True:
+        """Rewrite the inventory until the test is done, connecting again whenever the server
+        hangs up. The flag as well as the cancel: Python 3.11's wait_for (inside nats-py's
+        request) can swallow a cancel that lands as its reply does, and the test then waited
+        for the flood for ever."""
+        while not done.is_set():
             nc = await _connect_as_machine(enrolled, [])
             kv = bind_bucket(nc.jetstream(), names.MACHINES)
             try:
-                while True:
+                while not done.is_set():
                     await kv.put(key, values[tries["written"] % len(values)])
                     tries["written"] += 1
                     if sum(tries.values()) >= 20:
@@ -157,6 +161,7 @@ async def test_a_machine_rewriting_a_large_inventory_in_a_loop_holds_up_no_other
             print(f"scheduled in {took:.2f} s while the floods ran ({tries} so far)")
         assert not any(f.done() for f in floods)
     finally:
+        done.set()
         for f in floods:
             f.cancel()
         for f in floods:
