@@ -101,7 +101,13 @@ def lost_timed_from_last_report(
 ) -> list[Violation]:
     """I2: a workload failed by its machine's silence stops being metered at the machine's last
     report the bus stored before the failure, within `slack_s`: not at some later instant
-    (a takeover's book load, say), which would meter time nothing was seen running."""
+    (a takeover's book load, say), which would meter time nothing was seen running. One placed
+    there after that report (the machine not yet suspect) is closed where it opened: nothing
+    is metered for it, and an allocation never ends before it began."""
+    opened: defaultdict[str, list[Event]] = defaultdict(list)
+    for e in events:
+        if e.transition:
+            opened[e.workload].append(e)
     by_machine: defaultdict[str, list[Report]] = defaultdict(list)
     for r in reports:
         by_machine[r.machine].append(r)
@@ -117,7 +123,9 @@ def lost_timed_from_last_report(
         if not before:
             continue
         last = before[-1]
-        if e.at - last.at > slack_s:
+        earlier = [o.at for o in opened[e.workload] if o.seq < e.seq]
+        since = max(last.at, max(earlier, default=last.at))
+        if e.at - since > slack_s:
             found.append(
                 Violation(
                     "I2",

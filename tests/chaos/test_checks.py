@@ -213,6 +213,18 @@ def test_i2_finds_a_lost_machine_metered_past_its_last_report() -> None:
     assert "16.0 s after the machine's last report" in found[0].evidence
     on_time = [_event("w-1", 3, "failed", 2.0, reason=reason)]
     assert metering.lost_timed_from_last_report(on_time, reports, slack_s=2.0) == []
+    # Placed there after its last report (not yet suspect): closed where it opened, nothing
+    # metered; closed any later, the time between is metered for nothing.
+    placed_late = [
+        _event("w-2", 1, "scheduled", 9.0),
+        _event("w-2", 2, "failed", 9.0, reason=reason),
+    ]
+    assert metering.lost_timed_from_last_report(placed_late, reports, slack_s=2.0) == []
+    closed_late = [
+        _event("w-2", 1, "scheduled", 9.0),
+        _event("w-2", 2, "failed", 15.0, reason=reason),
+    ]
+    assert len(metering.lost_timed_from_last_report(closed_late, reports, slack_s=2.0)) == 1
 
 
 def test_i5_finds_allocations_closed_while_running_left_open_missing_or_extra() -> None:

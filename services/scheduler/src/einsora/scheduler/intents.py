@@ -47,7 +47,10 @@ def apply_intent(
     A park, resume or remove of a workload neither the book nor the store knows came before
     its create (the create's delivery failed and is on its way again): it is not processed but
     put `ahead`, so the bus delivers it again after the create. Ignoring it would lose an
-    acknowledged request (I3)."""
+    acknowledged request (I3). A park, resume or remove delivered after a later one of the same
+    workload was applied (its first delivery held by a scheduler that stopped) is not applied:
+    the later one was its owner's last word. Ordered by when the api took each (`at`): the api
+    takes one workload's requests one at a time."""
     unknown = book.workloads.get(intent.workload_id) is None and stored_region is None
     if unknown and intent.action is not IntentAction.create and intent.handover is None:
         book.changes.ahead.add(intent.intent_id)
@@ -86,6 +89,13 @@ def apply_intent(
         )
         return
     workload.request_id = request_id or workload.request_id
+    last = workload.last_asked
+    if last is not None and intent.at < last[0]:
+        # Its first delivery was held by a scheduler that stopped, and a later request of the
+        # same workload came first: applying it now would undo its owner's last word (I3).
+        book.note(workload, reasons.overtaken(intent.action.value, last[1]))
+        return
+    workload.last_asked = (intent.at, intent.action.value)
     why_not = lifecycle.refusal(intent.action, workload.state)
     if why_not is not None:
         book.note(workload, reasons.not_applied(why_not))

@@ -133,8 +133,11 @@ class MachineReader:
                 self.projector.dirty.add(machine.machine_id)
 
     def apply(self, book: Book, key: MachineKey, now: float, *, live: bool) -> None:
-        """One value; `live` when just received (else timed by when the bus stored it, never by
-        the agent's clock: issue 35, F7)."""
+        """One value; `live` when just received. Either way it is timed by when the bus stored
+        it, never by the agent's clock nor by when this scheduler got round to it (issue 35,
+        F7): a scheduler behind on its reading would otherwise meter a lost machine's GPUs
+        for the time it took to read its last report. The server's and this host's clocks are
+        taken to agree (NTP), as the leader lease already takes them to."""
         if key.kind == "desired":
             self._desired_changed(book, key)
             return
@@ -144,7 +147,7 @@ class MachineReader:
         enrolment = self._enrolled(key)
         if enrolment is None:
             return
-        seen_at = now if live or not self.timed_by_bus else now - _age_s(key)
+        seen_at = now - _age_s(key) if self.timed_by_bus else now
         try:
             if key.kind == "inventory":
                 if len(key.value) > Inventory.MAX_BYTES:
@@ -160,7 +163,7 @@ class MachineReader:
                 machine = apply_inventory(book, inventory, seen_at)
                 if machine is not None:
                     _take_enrolment(book, machine, enrolment)
-            elif not (live and self._only_a_heartbeat(book, key, now)):
+            elif not (live and self._only_a_heartbeat(book, key, seen_at)):
                 observed = ObservedState.from_bytes(key.value)
                 if observed.machine_id != key.machine_id:
                     raise ValueError("the observed state names another machine than its key")
@@ -183,7 +186,7 @@ class MachineReader:
             extra={"machine_id": key.machine_id, "kind": key.kind, "error": error[:1000]},
         )
 
-    def _only_a_heartbeat(self, book: Book, key: MachineKey, now: float) -> bool:
+    def _only_a_heartbeat(self, book: Book, key: MachineKey, seen_at: float) -> bool:
         """The same report as last time, but for its heartbeat, on an unchanged machine.
 
         Every agent writes its observed state every few seconds; most of those writes say
@@ -200,7 +203,7 @@ class MachineReader:
             return False
         if report != last[0]:
             return False
-        heartbeat(book, machine, now)
+        heartbeat(book, machine, seen_at)
         return True
 
     def _remember_observed(self, book: Book, key: MachineKey) -> None:

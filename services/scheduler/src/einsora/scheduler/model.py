@@ -255,6 +255,9 @@ class Workload:
     """The class it is placed as: its own, or a fallback step's (None: never placed)."""
     chain: Chain | None = None
     """Its fallback chain (None: it asked for no substitute)."""
+    last_asked: tuple[datetime, str] | None = None
+    """When the latest park, resume or remove applied to it was asked (the api's clock), and
+    which it was (in memory): an earlier one delivered after it is not applied."""
     last_transition_at: datetime | None = None
     """When its last transition was timed (in memory): the next is never timed before it,
     though one is timed back to a lost machine's last heartbeat, read off another clock. A

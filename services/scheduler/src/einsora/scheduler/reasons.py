@@ -181,6 +181,12 @@ def not_applied(refusal: str) -> str:
     return f"{refusal}; nothing changed"
 
 
+def overtaken(action: str, later: str) -> str:
+    """An intent delivered after a later one of the same workload (its first delivery was held
+    by a scheduler that then stopped): the later one was its owner's last word."""
+    return f"{action} not applied: a {later} asked after it was applied first; nothing changed"
+
+
 def nothing_to_park(state: str) -> str:
     return f"nothing to park: the workload is {state} but holds no place on a machine"
 
