@@ -36,6 +36,20 @@ LAUNCHES: tuple[tuple[int, dict[str, Any]], ...] = (
 """(weight, body): the cell has L40S GPUs and cores only, so a chain walks to what it has."""
 
 REQUEST_TIMEOUT_S = 20.0
+
+KEEPALIVE_S = 1.0
+"""How long a client keeps an idle connection to the api: well under uvicorn's 5 s, so it never
+sends a request on a connection the api is closing (which reads as the api having dropped it)."""
+
+
+def session(total_s: float) -> aiohttp.ClientSession:
+    """An HTTP session for the cell's api, each request bounded by `total_s`."""
+    return aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=total_s),
+        connector=aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE_S),
+    )
+
+
 KEYED_RETRY_S = 90.0
 """How long a keyed launch is retried with its key before the client gives it up."""
 
@@ -73,8 +87,7 @@ class Client:
     async def run(self, mix: Mix, share: int, seed: int) -> None:
         pace = mix.duration_s / max(share, 1)
         deadline = time.monotonic() + mix.duration_s * 3
-        timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as http:
+        async with session(REQUEST_TIMEOUT_S) as http:
             n = 0
             while self.acked_launches < share and time.monotonic() < deadline:
                 began = time.monotonic()

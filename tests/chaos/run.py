@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 from tests.chaos import collect, convergence, faults
 from tests.chaos.cell import Cell, Shape
-from tests.chaos.clients import Mix, drive
+from tests.chaos.clients import Mix, drive, session
 from tests.chaos.faults import Exit, Injector
 from tests.chaos.model import LEADER_LOSSES, Action, ApiView, Record, Request
 from tests.chaos.process import until
@@ -66,11 +66,19 @@ async def run(form: Form, seed: int, directory: Path, database_url: str) -> Outc
     rng = random.Random(f"{seed}-faults")
     record = Record()
     cell = Cell(directory, database_url, form.shape)
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+    async with session(30) as http:
         injector = Injector(cell, rng, http)
         supervisor: asyncio.Task[None] | None = None
         try:
-            await cell.start(http)
+            try:
+                await cell.start(http)
+            except BaseException:
+                # The processes' logs go with the cell's directory: CI shows only this.
+                for proc in cell.services:
+                    log.error(
+                        "%s (%s):\n%s", proc.name, "up" if proc.alive else "ended", proc.tail()
+                    )
+                raise
             started = time.time()
             log.info("cell up in %.1f s: %d machines", started - began, len(cell.machine_ids()))
             supervisor = asyncio.create_task(injector.supervise())
