@@ -103,6 +103,8 @@ class MachineAgent:
         self.metrics = metrics
         self.contact = Contact(fence_after_s)
         """Its last write the bus acknowledged: how long it has been cut off (fence.py)."""
+        self.stopping = False
+        """`stop_workloads` was called: no desired state read after it starts anything again."""
 
     # --- life -------------------------------------------------------------------------------
 
@@ -123,7 +125,13 @@ class MachineAgent:
         await asyncio.gather(*(s.close() for s in self.supervisors.values()))
 
     async def stop_workloads(self) -> None:
-        """Stop every workload this machine runs (directories kept), and wait until they stopped."""
+        """Stop every workload this machine runs (directories kept), and wait until they stopped.
+
+        Final: a desired state read meanwhile (a re-read after a reconnect, say) would give
+        them their goals back, and forget a supervisor this waits on (a CI run waited on one
+        for good), so none is converged to after this.
+        """
+        self.stopping = True
         for sup in self.supervisors.values():
             sup.retarget(Goal.drop, None)
         await asyncio.gather(*(s.settled() for s in self.supervisors.values()))
@@ -319,6 +327,12 @@ class MachineAgent:
 
     def converge(self, desired: DesiredState) -> None:
         """Give every workload its goal for `desired` (instant; supervisors do the work)."""
+        if self.stopping:
+            log.info(
+                "desired state ignored: the agent is stopping this machine's workloads",
+                extra={"machine": self.machine_id, "generation": desired.generation},
+            )
+            return
         # A dropped workload, once stopped and reported removed, is forgotten at a newer generation.
         for wid, sup in list(self.supervisors.items()):
             if sup.settled_away and desired.generation > sup.dropped_at:
@@ -346,6 +360,8 @@ class MachineAgent:
     def apply_reclaim(self, reclaim: LocalReclaim | None, now: datetime) -> None:
         """The owner's reclaim on this machine (None: released): park the guests whose time
         has come, and say so in the inventory."""
+        if self.stopping:
+            return  # every workload is being stopped already; a release would start guests
         if reclaim is None:
             for wid in self.preempted:
                 sup = self.supervisors.get(wid)

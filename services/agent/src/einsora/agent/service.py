@@ -361,7 +361,8 @@ class AgentService:
         return self.gone_reason
 
     async def stop_workloads(self) -> None:
-        """Stop every workload of every machine (directories kept), and report it."""
+        """Stop every workload of every machine (directories kept), and report it. Final: no
+        desired state read after it starts one again (`MachineAgent.stop_workloads`)."""
         await asyncio.gather(*(m.stop_workloads() for m in self.machines.values()))
 
     def unsettled(self) -> list[str]:
