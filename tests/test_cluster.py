@@ -45,6 +45,7 @@ from einsora.cli.controlplane import ControlPlane
 from einsora.common.bus import bind_bucket, connect, names, publish
 from einsora.common.ids import new_id
 from einsora.common.nats_cluster import NatsCluster
+from einsora.common.runloop import raise_if_cancelled
 from einsora.common.schemas import (
     DesiredState,
     Gpu,
@@ -592,6 +593,7 @@ async def test_a_leader_frozen_past_its_lease_changes_nothing_once_it_resumes_on
 
             async def trickling() -> None:
                 while True:
+                    raise_if_cancelled()  # a cancel its publish swallowed ends it too
                     after.append(await _launch_one(js, "cpu-2c-4g"))
                     await asyncio.sleep(0.02)  # the clients' own pace, not a wait
 

@@ -24,6 +24,7 @@ from einsora.accounting.service import AccountingService
 from einsora.accounting.testing import events_done
 from einsora.common.bus import names, publish
 from einsora.common.ids import new_id
+from einsora.common.runloop import raise_if_cancelled
 from einsora.common.schemas import (
     DesiredState,
     Endpoint,
@@ -128,6 +129,7 @@ class Agent:
     def beat(self, every_s: float = 0.1) -> None:
         async def loop() -> None:
             while True:
+                raise_if_cancelled()  # a cancel its report swallowed ends it too
                 await self.report()
                 await asyncio.sleep(every_s)
 

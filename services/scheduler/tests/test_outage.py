@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from einsora.common.bus import names
+from einsora.common.runloop import raise_if_cancelled
 
 if TYPE_CHECKING:
     from services.scheduler.tests.conftest import Sim, StartScheduler
@@ -66,6 +67,7 @@ class _Agent:
 
     async def _beat(self) -> None:
         while True:
+            raise_if_cancelled()  # a cancel its report swallowed ends it too
             await asyncio.sleep(HEARTBEAT_S)
             await self._sim.report("m-1", self._phases, generation=self._generation)
 
