@@ -43,16 +43,18 @@ async def test_a_desired_state_read_during_the_stop_starts_nothing_again(
 
     stopping = asyncio.create_task(agent.stop_workloads())
     await asyncio.sleep(0)  # the stop has given every workload its goal, and waits
-    # The same wish, newer, as the scheduler or a re-read after a reconnect would bring it.
+    # The same wish, newer, as the scheduler or a re-read after a reconnect would bring it:
+    # read by the watch, and by the re-read itself while the stop runs.
     await control.put_desired(MACHINE, 2, desired)
+    for machine in agent.machines.values():
+        await machine.resync()
     await asyncio.wait_for(stopping, STOP_S)
     assert agent.running_count() == 0
     assert not any(processes.alive(pid) for pid in pids)
 
     # Read after the stop too: the agent still starts nothing.
     await control.put_desired(MACHINE, 3, desired)
-    await asyncio.sleep(1.0)  # a look after the agent has had time to read it
-    for machine in agent.machines.values():
+    for machine in agent.machines.values():  # the read itself, not a wait for the watch
         await machine.resync()
     assert agent.running_count() == 0
     assert agent.unsettled() == []
