@@ -14,6 +14,10 @@ floor. With the agent it also measures launch → the agent reporting the worklo
 - `--steady` skips the burst: only the paced phase, at a steady rate on an idle system.
 - `--postgres [URL]` runs the api and the scheduler on one fresh Postgres database (their
   tables are apart, as in a Lab cell) instead of a SQLite file each.
+- `--deep` measures what one admission costs the scheduler as its queue deepens: 20,000
+  launches queued onto machines that fit 1,000, fair share on, then capacity freed in steps
+  (`_admission_deep.py`: the decision path alone, in this process). The goal: the cost per
+  admission at 1,000, 5,000 and 20,000 queued within 1.5x of a shallow queue's (ADR-0030).
 - `--tracing on` turns OpenTelemetry on in every service (OTLP/HTTP to a sink in this process
   that keeps nothing); `--tracing compare` runs the whole measurement with tracing off, then on,
   `--rounds` times in one sitting, and ends with both admissions/s and the change (ADR-0020).
@@ -50,6 +54,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import aiohttp
+from _admission_deep import run as deep_queue
 from _admission_seams import (
     API_CLIENTS,
     API_LIMITS_OFF,
@@ -473,7 +478,17 @@ def main() -> None:
         action="store_true",
         help="publish intents onto INTENTS instead of POSTing to the api",
     )
+    parser.add_argument(
+        "--deep",
+        action="store_true",
+        help="only the deep-queue case: the scheduler's cost per admission at 100, 1,000, "
+        "5,000 and 20,000 queued",
+    )
     args = parser.parse_args()
+    if args.deep:
+        rows, figures = deep_queue()
+        report("admission-deep", rows, figures)
+        return
     burst = 0 if args.steady else args.burst
     options = (args.machines, burst, args.rate, args.paced, not args.kv_machines, args.direct)
 

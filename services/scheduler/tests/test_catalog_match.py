@@ -13,6 +13,7 @@ from einsora.common.catalog import Accelerator, Catalog
 from einsora.common.schemas import Gpu, Inventory, WorkloadKind, WorkloadState, utcnow
 from einsora.scheduler.admission import admit
 from einsora.scheduler.book import Book
+from einsora.scheduler.capacity import demand_of
 from einsora.scheduler.model import Machine, Workload
 
 CATALOG = Catalog.load()
@@ -63,7 +64,7 @@ def _launch(book: Book, class_name: str, n: int = 0) -> Workload:
         pending_since=utcnow(),
     )
     book.add_workload(workload)
-    demand = book.demand_of(workload)
+    demand = demand_of(book.catalog, workload)
     assert demand is not None
     admit(book, workload, demand)
     return workload

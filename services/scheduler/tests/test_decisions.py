@@ -22,7 +22,14 @@ from einsora.common.schemas import (
 )
 from einsora.scheduler.admission import admit, admit_queued
 from einsora.scheduler.book import Book
-from einsora.scheduler.capacity import CPU_POOL, CapacityIndex, Demand, fit, gpus_by_class
+from einsora.scheduler.capacity import (
+    CPU_POOL,
+    CapacityIndex,
+    Demand,
+    demand_of,
+    fit,
+    gpus_by_class,
+)
 from einsora.scheduler.model import Liveness, Machine, Workload
 from einsora.scheduler.observe import next_liveness
 from einsora.scheduler.trust import Trust, trust_level
@@ -91,7 +98,7 @@ def _workload(
 
 def _admit(book: Book, workload: Workload) -> str | None:
     book.add_workload(workload)
-    demand = book.demand_of(workload)
+    demand = demand_of(book.catalog, workload)
     assert demand is not None
     admit(book, workload, demand)
     return workload.machine_id if workload.state is WorkloadState.scheduled else None

@@ -20,6 +20,7 @@ from einsora.common.schemas import (
 from einsora.scheduler import drivers
 from einsora.scheduler.admission import admit
 from einsora.scheduler.book import Book
+from einsora.scheduler.capacity import demand_of
 from einsora.scheduler.model import Machine, Workload
 
 CATALOG = Catalog.load()
@@ -121,7 +122,7 @@ def _workload(kind: WorkloadKind, tenant_id: str, workload_id: str) -> Workload:
 
 def _admit(book: Book, workload: Workload) -> None:
     book.add_workload(workload)
-    demand = book.demand_of(workload)
+    demand = demand_of(book.catalog, workload)
     assert demand is not None
     admit(book, workload, demand)
 

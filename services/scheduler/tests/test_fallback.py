@@ -27,6 +27,7 @@ from einsora.common.testing import ManualClock
 from einsora.scheduler import chain as chains
 from einsora.scheduler.admission import admit, admit_queued
 from einsora.scheduler.book import Book
+from einsora.scheduler.capacity import demand_of
 from einsora.scheduler.fallback import targets
 from einsora.scheduler.intents import apply_intent
 from einsora.scheduler.model import Chain, Machine, Workload
@@ -108,7 +109,7 @@ def _launch(book: Book, workload: Workload) -> Workload:
     if workload.chain is not None:
         chains.admit(book, workload)
     else:
-        demand = book.demand_of(workload)
+        demand = demand_of(book.catalog, workload)
         assert demand is not None
         admit(book, workload, demand)
     return workload

@@ -20,6 +20,7 @@ from einsora.common.settings import Settings
 from einsora.common.targets import OwnPorts
 from einsora.scheduler.book import Book
 from einsora.scheduler.model import Machine, Workload
+from einsora.scheduler.routes import set_route
 
 SETTINGS = Settings(api_port=8080, nats_port=4222, database_url="postgresql://db:6432/einsora")
 
@@ -77,7 +78,7 @@ def test_a_direct_machines_route_points_at_its_enrolled_address_not_its_report()
     workload = _running(book)
     # The agent says its workload answers at the cloud metadata address: the route goes to the
     # machine itself, on the port it said.
-    book.set_route(workload, machine, Endpoint(host="169.254.169.254", port=40123))
+    set_route(book, workload, machine, Endpoint(host="169.254.169.254", port=40123))
     route = _route(book)
     assert route is not None
     assert (route.host, route.port, route.via_tunnel) == ("10.20.30.40", 40123, False)
@@ -87,7 +88,9 @@ def test_a_direct_machines_route_points_at_its_enrolled_address_not_its_report()
 def test_a_tunnelled_machines_route_keeps_the_address_on_that_machine() -> None:
     book = _book()
     workload = _running(book)
-    book.set_route(workload, _machine("m-far", tunnel=True), Endpoint(host="127.0.0.1", port=41000))
+    set_route(
+        book, workload, _machine("m-far", tunnel=True), Endpoint(host="127.0.0.1", port=41000)
+    )
     route = _route(book)
     assert route is not None
     assert (route.host, route.via_tunnel) == ("127.0.0.1", True)
@@ -103,8 +106,8 @@ def test_the_control_planes_own_ports_and_privileged_ones_are_refused_once() -> 
         book = _book()
         workload = _running(book)
         machine = _machine("m-direct", address="127.0.0.1")
-        book.set_route(
-            workload, machine, Endpoint(host="127.0.0.1", port=40000, ports={"ssh": port})
+        set_route(
+            book, workload, machine, Endpoint(host="127.0.0.1", port=40000, ports={"ssh": port})
         )
         assert _route(book) is None, port
         notes = _notes(book)
@@ -116,6 +119,6 @@ def test_the_control_planes_own_ports_and_privileged_ones_are_refused_once() -> 
 def test_a_direct_machine_enrolled_without_an_address_gets_no_route() -> None:
     book = _book()
     workload = _running(book)
-    book.set_route(workload, _machine("m-old"), Endpoint(host="10.0.0.9", port=40000))
+    set_route(book, workload, _machine("m-old"), Endpoint(host="10.0.0.9", port=40000))
     assert _route(book) is None
     assert "enrolled without an address" in _notes(book)[0]

@@ -1,34 +1,36 @@
-"""Admission and placement: a pending workload goes to a machine now, or waits its turn.
+"""Admission: a pending workload goes to a machine now, or waits its turn (ADR-0003, ADR-0030).
 
-The rule (ADR-0003): a resuming workload goes back to the machine that holds its working
-directory when it fits there; otherwise, and for every new workload, the best-fit machine (the
-one left with the fewest free devices of the class, or the fewest free cores). When nothing
-fits, the workload is queued. Each pool (a GPU class, or all CPU classes together) is a strict
-queue: a workload is never placed while one ahead of it in its pool waits, so a large request is
-not starved by a stream of small ones. Ahead means older in the CPU pool; in a GPU pool, of a
-tenant with less decayed recent GPU use, then older (fair share, ADR-0014). A workload that no
-machine of the region could hold even when empty, or that its tenant's quota holds, does not
-block the others.
+A pass over a pool's queue takes its workloads in the pool's order (`order.py`: fair share, then
+age). For each, the filters (`filters/`) find the machines it may use and `score.py` picks among
+those with room now; a workload that finds none waits, and **holds** the machines it may use:
+no workload behind it in the pool takes room on them, so a large request is not starved by a
+stream of small ones. It holds nothing else, so it never holds back another tenant's launch on
+capacity it could not use itself. A workload its tenant's quota holds, or that no machine would
+ever hold, holds nothing.
 
-A workload with a fallback chain (ADR-0022) waits in the pool of each target its chain has
-reached here; in each it takes its turn in the same order, and it takes the first of its
-targets, in chain order, that fits and whose pool it has its turn in (`fallback.py`).
+A workload without a fallback chain is a chain of one (`fallback.targets_here`). A chained one
+(ADR-0022) waits in the pool of each target its chain has reached here; in each it takes its turn
+in the same order, and it takes the first of its targets, in chain order, that has room on a
+machine nothing ahead of it in that target's pool holds. A replica a `replicas` step made
+optional holds nothing and takes only room no other waiting workload could use.
+
+The pass decides a queue's groups (`queue.py`), not its members one by one: a group's members
+may use the same machines and share a quota, so when its oldest waits, all of them do. A pass
+costs the number of groups, not the depth of the queue.
 """
 
 from __future__ import annotations
 
+import heapq
+from itertools import count
+
 from einsora.common.schemas import Placement, Target, WorkloadState
-from einsora.scheduler import drivers, fallback, quotas, reasons, trust
+from einsora.scheduler import drivers, fallback, order, reasons, score, why
 from einsora.scheduler.book import Book
-from einsora.scheduler.capacity import (
-    Demand,
-    Grant,
-    fit,
-    free_cpus,
-    free_memory_mib,
-    serves,
-)
+from einsora.scheduler.capacity import Demand, Grant, free_cpus, free_memory_mib
+from einsora.scheduler.filters import quota, trust, usable
 from einsora.scheduler.model import Liveness, Machine, Row, Workload
+from einsora.scheduler.queue import Group
 
 
 def admit(book: Book, workload: Workload, demand: Demand) -> None:
@@ -36,100 +38,89 @@ def admit(book: Book, workload: Workload, demand: Demand) -> None:
     book.enqueue(workload, demand.pool)
     admit_pool(book, demand.pool)
     if workload.state is WorkloadState.pending:
-        book.transition(workload, WorkloadState.queued, _queued_reason(book, workload, demand))
+        book.transition(workload, WorkloadState.queued, why.queued(book, workload, demand))
 
 
 def admit_queued(book: Book) -> None:
-    """Capacity freed somewhere: admit what now fits, oldest first in each pool."""
+    """Capacity freed somewhere (or a waiting workload left): admit what now may go."""
     for pool in list(book.queue):
         admit_pool(book, pool)
 
 
 def admit_pool(book: Book, pool: str) -> None:
+    """One pass over the pool's queue, in its order."""
     queue = book.queue.get(pool)
     if not queue:
         return
-    for workload in book.admission_order(pool):
-        if workload.chain is not None:
-            # Its chain's targets decide (fallback.py); it holds the pool while one of its
-            # targets here would take it once room frees.
-            if not _admit_chained(book, workload, pool) and fallback.holds(book, workload, pool):
-                break
-            continue
-        demand = book.demand_of(workload)
-        assert demand is not None  # unknown classes fail before they are queued
-        over = quotas.refusal(book, workload, demand)
-        if over is not None:
-            # Its tenant's quota, not capacity, holds it: it does not hold up the others.
-            if workload.state is WorkloadState.queued and workload.reason != over:
-                workload.reason = over
-                book.note(workload, over)
-            continue
-        grant = choose(book, workload, demand)
-        if grant is not None:
-            queue.remove(workload)
-            place(book, workload, demand, grant)
-            continue
-        if book.ever_fits_for(workload, demand):
-            break  # strict order: nothing after it in this pool goes first
-        # No machine it may use would ever hold it: when that reason changed (a machine was
-        # shared with its tenant, narrowed, or joined), its timeline says so.
-        why = _queued_reason(book, workload, demand)
-        if workload.state is WorkloadState.queued and workload.reason != why:
-            workload.reason = why
-            book.note(workload, why)
+    by_use = order.fair(book, pool)
+    tie = count()
+    heap = [(order.group_rank(book, g, by_use), next(tie), g) for g in queue.groups.values()]
+    heapq.heapify(heap)
+    held: set[str] = set()
+    while heap:
+        _, _, group = heapq.heappop(heap)
+        workload = group.head
+        placed, holds = _try(book, workload, pool, held, group)
+        if not placed:
+            held |= holds
+            continue  # its group waits behind it: the same machines, the same quota
+        if group.members and queue.group_of(group.head) is group:
+            heapq.heappush(heap, (order.group_rank(book, group, by_use), next(tie), group))
     if not queue:
         book.queue.pop(pool, None)
 
 
-def _admit_chained(book: Book, workload: Workload, pool: str) -> bool:
-    """Place a chained workload at the first target it has reached here that fits now and
-    whose pool it has its turn in; whether it was placed."""
-    for target in fallback.tried_here(book, workload):
+def _try(
+    book: Book, workload: Workload, pool: str, held: set[str], group: Group
+) -> tuple[bool, frozenset[str]]:
+    """Place the workload at the first of its targets here that has room on a machine not
+    held; else what it holds in `pool` while it waits."""
+    optional = workload.chain is not None and workload.chain.optional
+    holds: frozenset[str] = frozenset()
+    said = None
+    for target in fallback.targets_here(book, workload):
         demand = fallback.demand_for(book, workload, target)
-        if demand is None or quotas.refusal(book, workload, demand) is not None:
+        if demand is None:
             continue
-        if target.machine is not None:
-            grant = fallback.pinned_grant(book, workload, target, demand)
+        over = quota.refusal(book, workload, demand)
+        if over is not None:
+            said = said or over
+            continue
+        wants = usable.machines(book, workload, demand, target.machine)
+        if demand.pool == pool:
+            blocked: frozenset[str] | set[str] = held
+            if not optional:
+                holds |= wants
         else:
-            grant = choose(book, workload, demand)
-        if grant is None or fallback.gives_way(book, workload, demand.pool):
-            continue
-        if demand.pool != pool and not fallback.has_turn(book, workload, demand.pool):
-            continue
-        book.dequeue(workload)
-        place(book, workload, demand, grant, target.index)
-        return True
-    return False
-
-
-def choose(book: Book, workload: Workload, demand: Demand) -> Grant | None:
-    """The machine holding its working directory if it fits there, else the best fit."""
-    home = book.machines.get(workload.machine_id) if workload.machine_id else None
-    if home is not None and home.placeable and book.may_run(home, workload):
-        grant = fit(home, demand)
+            blocked = order.held_ahead(book, workload, demand.pool)
+        if optional:
+            blocked = set(blocked) | order.wanted_by_others(book, workload, demand.pool)
+        grant = score.choose(book, workload, demand, wants, blocked) if wants else None
         if grant is not None:
-            return grant
-    best = _best_fit(book, workload, demand)
-    if best is None:
-        return None
-    return fit(book.machines[best], demand)
+            book.take(workload)
+            place(book, workload, demand, grant, target.index if workload.chain else None)
+            group.said = None
+            return True, frozenset()
+    if workload.chain is None and not holds:
+        # Its quota, or no machine that would ever hold it, keeps it waiting: it holds nothing,
+        # and its group's timelines say why when that changes.
+        demand = fallback.demand_for(book, workload, fallback.targets_here(book, workload)[0])
+        if demand is not None:
+            _tell(book, group, said or why.queued(book, workload, demand))
+    else:
+        group.said = None
+    return False, holds
 
 
-def _best_fit(book: Book, workload: Workload, demand: Demand) -> str | None:
-    """The best fit among machines this workload may use, and that serve its runtime; for a
-    replica of an endpoint, a machine without another replica of it when there is one."""
-
-    def allowed(machine_id: str) -> bool:
-        machine = book.machines[machine_id]
-        return serves(machine, demand) and book.may_run(machine, workload)
-
-    others = book.replica_machines(workload)
-    if others:
-        apart = book.index.best_fit(demand, lambda m: m not in others and allowed(m))
-        if apart is not None:
-            return apart
-    return book.index.best_fit(demand, allowed)
+def _tell(book: Book, group: Group, reason: str) -> None:
+    """Each queued member of the group is told `reason`, once, when it changes."""
+    if group.said == reason:
+        return
+    group.said = reason
+    for member in group.members:
+        if member.state is WorkloadState.queued and member.reason != reason:
+            member.reason = reason
+            book.note(member, reason)
 
 
 def place(
@@ -142,7 +133,7 @@ def place(
     if step is not None:
         steps = len(fallback.targets(workload)) - 1
         reason = reasons.placed_as(reason, machine.machine_id, demand.class_name, step, steps)
-    choice = book.driver_for(machine, workload)
+    choice = trust.driver_for(book, machine, workload)
     if choice is not None:  # sim too: the timeline says that nothing runs (issue 34, N9)
         reason = f"{reason}; {drivers.note(choice)}"
     reason = _with_devices(reason, machine, grant, None if choice is None else choice.driver)
@@ -211,25 +202,3 @@ def _why_not_home(machine: Machine) -> str:
     if not machine.placeable:
         return "is not reporting" if machine.liveness is not Liveness.alive else "is settling"
     return "has no room for it now"
-
-
-def _queued_reason(book: Book, workload: Workload, demand: Demand) -> str:
-    over = quotas.refusal(book, workload, demand)
-    if over is not None:
-        return over
-    runtime_is_why = demand.runtime is not None and not book.ever_fits(demand)
-    if runtime_is_why and book.ever_fits(demand.without_runtime()):
-        return reasons.runtime_missing(book.region, demand)
-    if book.ever_fits(demand) and not book.ever_fits_for(workload, demand):
-        return trust.refusal(book.distrusted_fits(workload, demand))
-    if not book.ever_fits(demand):
-        if demand.gpu:
-            largest = max(
-                (len(m.gpus_by_class.get(demand.class_name, [])) for m in book.machines.values()),
-                default=0,
-            )
-        else:
-            largest = 0
-        return reasons.never_fits(book.region, demand, largest)
-    ahead = book.queued_ahead(workload, demand.pool)
-    return reasons.queued(book.region, demand, ahead)

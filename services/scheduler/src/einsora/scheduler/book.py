@@ -1,6 +1,9 @@
 """The book: the scheduler's whole state in memory, and the changes one cycle makes to it.
 
-Every decision goes through the book's few primitives (set a row, drop a row, emit an event,
+The book holds state and decides nothing (ADR-0030; an import contract keeps it from importing
+any filter, order or reason module): machines, workloads, their rows, the queues, the capacity
+index, and caches of what is derived from machines (dropped whenever one changes). Every
+decision goes through the book's few primitives (set a row, drop a row, emit an event,
 set a route), which record what changed in `Changes`. The engine then commits exactly those
 changes to the store in one transaction and projects them onto the bus, so the store and the
 bus never hear of a change the other could miss (ADR-0004).
@@ -11,9 +14,8 @@ number of rows, so each affected machine's desired state is written once per cyc
 
 from __future__ import annotations
 
-import bisect
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -31,36 +33,16 @@ from einsora.common.schemas import (
     TenantUsage,
     WorkloadEvent,
     WorkloadIntent,
-    WorkloadKind,
     WorkloadState,
     utcnow,
 )
 from einsora.common.targets import OwnPorts
-from einsora.scheduler import drivers, reasons, trust
-from einsora.scheduler.capacity import (
-    CPU_POOL,
-    CapacityIndex,
-    Demand,
-    could_ever_fit,
-    gpus_by_class,
-    lent_gpus_by_class,
-)
-from einsora.scheduler.model import Machine, Row, Workload
+from einsora.scheduler.capacity import CapacityIndex, gpus_by_class, lent_gpus_by_class
+from einsora.scheduler.model import Machine, Preemption, Row, Workload
+from einsora.scheduler.queue import PoolQueue
 from einsora.scheduler.tokens import WorkloadTokens
 
 log = logging.getLogger("einsora.scheduler.book")
-
-_HOLDS_A_PLACE = frozenset({WorkloadState.scheduled, WorkloadState.starting, WorkloadState.running})
-_CHECKED_RUNTIMES = frozenset({"llamacpp", "vllm", "mlx"})
-"""Runtimes a machine must offer. A `command` endpoint needs only a driver that runs it."""
-
-
-def runtime_needed(workload: Workload) -> str | None:
-    """The endpoint runtime a machine must offer to run `workload` (None: any machine)."""
-    if workload.kind is not WorkloadKind.endpoint:
-        return None
-    runtime = workload.spec.get("runtime")
-    return runtime if isinstance(runtime, str) and runtime in _CHECKED_RUNTIMES else None
 
 
 @dataclass(frozen=True)
@@ -148,7 +130,7 @@ class Book:
         self.notice_since: dict[str, datetime] = {}
         """Guests' workloads on machines no longer shared with them, or whose owner no longer
         lends what they hold: since when (first seen), the start of their grace (reclaim.py)."""
-        self.preempt_notes: dict[str, tuple[reasons.Preemption, datetime]] = {}
+        self.preempt_notes: dict[str, tuple[Preemption, datetime]] = {}
         """Why and when each guest's workload was last told it goes (reclaim.py)."""
         self.catalog = catalog
         self.quotas: dict[str, TenantQuota] = {}
@@ -166,11 +148,12 @@ class Book:
         self.sim_machines = sim_machines
         """The operator allows sim machines here: only then does a machine's `sim` count
         (drivers.py; issue 34, N9)."""
-        self._sim_ignored: set[str] = set()
-        """Machines whose `sim` was ignored, each said once in the log."""
+        self.sim_ignored: set[str] = set()
+        """Machines whose `sim` was ignored, each said once in the log (observe.py)."""
         self.machines: dict[str, Machine] = {}
         self.workloads: dict[str, Workload] = {}
-        self.queue: dict[str, list[Workload]] = {}
+        self.queue: dict[str, PoolQueue] = {}
+        """Each pool's queued workloads (a chained workload in each pool it waits in)."""
         self.index = CapacityIndex()
         self.routes: dict[str, Endpoint] = {}
         """The endpoint each running workload's agent last reported (its route written from it,
@@ -184,8 +167,8 @@ class Book:
         (chain.py)."""
         self.regions: dict[str, RegionStatus] = {}
         """The other regions' schedulers, as they last said (regions.py)."""
-        self._ever_fits: dict[Demand, bool] = {}
-        self._ever_fits_trusted: dict[tuple[Demand, str, str | None, drivers.Needs], bool] = {}
+        self.derived: dict[Hashable, object] = {}
+        """What filters derived from the machines (`filters/usable.py`), until one changes."""
 
     def begin(self) -> Changes:
         """Start a cycle: later primitives record into a fresh `Changes`."""
@@ -207,17 +190,8 @@ class Book:
         machine.gpus_by_class = gpus_by_class(machine.inventory, self.catalog)
         machine.lent_gpus_by_class = lent_gpus_by_class(machine)
         self.index.update(machine)
-        self._ever_fits.clear()
-        self._ever_fits_trusted.clear()
+        self.derived.clear()
         self.changes.capacity_freed = True
-        ignored = drivers.ignores_sim(machine.inventory, sim_machines=self.sim_machines)
-        if ignored and machine.machine_id not in self._sim_ignored:
-            self._sim_ignored.add(machine.machine_id)
-            log.warning(
-                "a machine reports the sim driver, which this cell does not allow: it is "
-                f"ignored (set {drivers.SIM_SETTING} to allow sim machines)",
-                extra={"machine_id": machine.machine_id},
-            )
 
     def save_machine(self, machine: Machine) -> None:
         self.changes.machines[machine.machine_id] = machine
@@ -268,109 +242,6 @@ class Book:
         if freed:
             self.changes.capacity_freed = True
 
-    def ever_fits(self, demand: Demand) -> bool:
-        """Whether some machine of the region, emptied, would hold `demand` with all of its
-        inventory (what its owner lends aside: `ever_fits_for` counts that)."""
-        if demand not in self._ever_fits:
-            self._ever_fits[demand] = could_ever_fit(self.machines.values(), demand, lent=False)
-        return self._ever_fits[demand]
-
-    def may_run(self, machine: Machine, workload: Workload) -> bool:
-        """The trust filter: may `machine` take this workload's tenant (trust.py)."""
-        return trust.may_run(
-            machine,
-            workload.tenant_id,
-            self.owner_tenant,
-            self.community_pool,
-            workload.user_id,
-            sim_machines=self.sim_machines,
-            kind=workload.kind,
-            spec=workload.spec,
-        )
-
-    def driver_for(self, machine: Machine, workload: Workload) -> drivers.Choice | None:
-        """The driver `machine` runs `workload` with (None: it may not: `may_run`)."""
-        level = trust.trust_level(
-            machine, workload.tenant_id, self.owner_tenant, self.community_pool, workload.user_id
-        )
-        if level is None:
-            return None
-        owner = level is trust.Trust.owner
-        return drivers.choose(
-            machine.inventory,
-            workload.kind,
-            workload.spec,
-            owner=owner,
-            sim_machines=self.sim_machines,
-        )
-
-    def recent_use(self, tenant_id: str) -> float:
-        """The tenant's decayed recent GPU-hours (fair share's U; 0 with none reported)."""
-        usage = self.usage.get(tenant_id)
-        return usage.decayed_gpu_hours if usage is not None else 0.0
-
-    def gpus_in_use(self, tenant_id: str) -> dict[str, int]:
-        """Devices booked for the tenant's workloads now, by class."""
-        used: dict[str, int] = {}
-        for machine in self.machines.values():
-            for row in machine.rows.values():
-                if row.gpus:
-                    workload = self.workloads.get(row.workload_id)
-                    if workload is not None and workload.tenant_id == tenant_id:
-                        placed = workload.placed_class or workload.class_name
-                        used[placed] = used.get(placed, 0) + len(row.gpus)
-        return used
-
-    def replica_machines(self, workload: Workload) -> set[str]:
-        """The machines other replicas of this endpoint are on (same tenant and name)."""
-        if workload.kind is not WorkloadKind.endpoint or not workload.name:
-            return set()
-        replicas = workload.spec.get("replicas", 1)
-        if not isinstance(replicas, int) or replicas <= 1:
-            return set()
-        return {
-            w.machine_id
-            for w in self.workloads.values()
-            if w.machine_id is not None
-            and w is not workload
-            and w.name == workload.name
-            and w.tenant_id == workload.tenant_id
-            and w.kind is WorkloadKind.endpoint
-            and w.state in _HOLDS_A_PLACE
-        }
-
-    def ever_fits_for(self, workload: Workload, demand: Demand) -> bool:
-        """Whether some machine this workload may use would hold it, emptied, within what its
-        owner lends."""
-        key = (demand, workload.tenant_id, workload.user_id, drivers.needs_key(workload))
-        if key not in self._ever_fits_trusted:
-            allowed = [m for m in self.machines.values() if self.may_run(m, workload)]
-            self._ever_fits_trusted[key] = could_ever_fit(allowed, demand)
-        return self._ever_fits_trusted[key]
-
-    def distrusted_fits(self, workload: Workload, demand: Demand) -> list[str]:
-        """Why each machine that would hold the workload, emptied, with all of its inventory,
-        does not take it: it may not take its tenant, or its owner lends too little of it."""
-        found = []
-        for m in sorted(self.machines.values(), key=lambda m: m.machine_id):
-            if not self.may_run(m, workload):
-                if could_ever_fit([m], demand, lent=False):
-                    found.append(
-                        trust.why_not(
-                            m,
-                            workload.tenant_id,
-                            self.owner_tenant,
-                            self.community_pool,
-                            workload.user_id,
-                            sim_machines=self.sim_machines,
-                            kind=workload.kind,
-                            spec=workload.spec,
-                        )
-                    )
-            elif (short := reasons.lend_too_small(m, demand)) is not None:
-                found.append(short)
-        return found
-
     # --- workloads --------------------------------------------------------------------------
 
     def add_workload(self, workload: Workload) -> None:
@@ -380,12 +251,6 @@ class Book:
 
     def save_workload(self, workload: Workload) -> None:
         self.changes.workloads[workload.workload_id] = workload
-
-    def demand_of(self, workload: Workload) -> Demand | None:
-        machine_class = self.catalog.get(workload.class_name)
-        if machine_class is None:
-            return None
-        return Demand.of(machine_class, workload.count, runtime_needed(workload))
 
     def row_of(self, workload: Workload) -> tuple[Machine, Row] | None:
         """The row on the machine the workload is on, if it has one."""
@@ -404,41 +269,25 @@ class Book:
     # --- queue ------------------------------------------------------------------------------
 
     def enqueue(self, workload: Workload, pool: str) -> None:
-        queue = self.queue.setdefault(pool, [])
-        bisect.insort(queue, workload, key=lambda w: w.queue_key)
+        queue = self.queue.get(pool)
+        if queue is None:
+            queue = self.queue[pool] = PoolQueue(pool)
+        queue.add(workload)
+
+    def take(self, workload: Workload) -> None:
+        """Out of every pool it waits in: it is placed, or handed to another region."""
+        self.chained.pop(workload.workload_id, None)
+        for pool, queue in list(self.queue.items()):
+            if queue.remove(workload) and not queue:
+                del self.queue[pool]
 
     def dequeue(self, workload: Workload) -> None:
-        """Out of its pool's queue; a chained workload out of every pool it waits in."""
-        chained = self.chained.pop(workload.workload_id, None) is not None
-        for pool, queue in list(self.queue.items()):
-            if workload in queue:
-                queue.remove(workload)
-                if not queue:
-                    del self.queue[pool]
-                if not (chained or workload.chain):
-                    return
-
-    def admission_order(self, pool: str) -> list[Workload]:
-        """The order a pool's workloads are admitted in (ADR-0014): a GPU pool by each
-        tenant's decayed recent GPU use (least first), then age; the CPU pool, and any pool
-        while no tenant has recent use, oldest first."""
-        queue = self.queue.get(pool, [])
-        if pool == CPU_POOL or not self.usage:
-            return list(queue)
-        return sorted(queue, key=lambda w: (self.recent_use(w.tenant_id), w.queue_key))
-
-    def queued_ahead(self, workload: Workload, pool: str) -> int:
-        """How many of the pool's queue come before it in `admission_order` (0 when it is not
-        queued there). Counted without building the order: each queued launch asks, so a
-        copied or sorted queue per launch made a deep queue quadratic."""
-        queue = self.queue.get(pool, [])
-        if pool == CPU_POOL or not self.usage:
-            i = bisect.bisect_left(queue, workload.queue_key, key=lambda w: w.queue_key)
-            return i if i < len(queue) and queue[i] is workload else 0
-        if not any(w is workload for w in queue):
-            return 0
-        mine = (self.recent_use(workload.tenant_id), workload.queue_key)
-        return sum(1 for w in queue if (self.recent_use(w.tenant_id), w.queue_key) < mine)
+        """Out of every pool it waits in, and what it held back is admitted again (it was
+        parked, removed or failed while it waited: ADR-0030)."""
+        was_queued = any(workload in queue for queue in self.queue.values())
+        self.take(workload)
+        if was_queued:
+            self.changes.capacity_freed = True
 
     # --- timeline and routes ----------------------------------------------------------------
 
@@ -521,36 +370,11 @@ class Book:
             memory_mib=row.memory_mib,
         )
 
-    def set_route(self, workload: Workload, machine: Machine, endpoint: Endpoint) -> None:
-        """Write the workload's route from its agent's report, believed only about the machine
-        itself (ADR-0026): a direct machine's route points at its enrolled address, and a port
-        that is the control plane's own (or no workload's) is refused: the route is deleted and
-        the timeline says why, once per report."""
+    def put_route(self, workload: Workload, endpoint: Endpoint, route: Route | None) -> None:
+        """Keep the endpoint its agent reported, and write the route made of it (None: the
+        route was refused and is deleted: `routes.py`)."""
         self.routes[workload.workload_id] = endpoint
-        host, why = endpoint.host, None
-        if not machine.tunnel:
-            if machine.address is None:
-                why = "it was enrolled without an address the control plane reaches it at"
-            host = machine.address or host
-        ports = [endpoint.port, *endpoint.ports.values()]
-        why = why or self.own_ports.first_refusal(ports)
-        if why is not None:
-            self.changes.routes[workload.workload_id] = None
-            self.note(workload, reasons.route_refused(machine.machine_id, why))
-            return
-        self.changes.routes[workload.workload_id] = Route(
-            workload_id=workload.workload_id,
-            tenant_id=workload.tenant_id,
-            kind=workload.kind,
-            machine_id=machine.machine_id,
-            host=host,
-            port=endpoint.port,
-            token=workload.access_token,
-            name=workload.name,
-            runtime=endpoint.runtime,
-            via_tunnel=machine.tunnel,
-            ports=dict(endpoint.ports),
-        )
+        self.changes.routes[workload.workload_id] = route
 
     def drop_route(self, workload: Workload) -> None:
         self.routes.pop(workload.workload_id, None)

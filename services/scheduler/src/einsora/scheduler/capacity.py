@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from einsora.common.catalog import Accelerator, Catalog, MachineClass
-from einsora.common.schemas import Inventory
-from einsora.scheduler.model import Machine
+from einsora.common.schemas import Inventory, WorkloadKind
+from einsora.scheduler.model import Machine, Workload
 
 CPU_POOL = "cpu"
 """Every CPU class draws on the same cores and memory, so they queue together."""
@@ -60,6 +60,27 @@ class Demand:
     def pool(self) -> str:
         """Workloads of one pool compete for the same resources and queue together."""
         return self.class_name if self.gpu else CPU_POOL
+
+
+_CHECKED_RUNTIMES = frozenset({"llamacpp", "vllm", "mlx"})
+"""Runtimes a machine must offer. A `command` endpoint needs only a driver that runs it."""
+
+
+def runtime_needed(workload: Workload) -> str | None:
+    """The endpoint runtime a machine must offer to run `workload` (None: any machine)."""
+    if workload.kind is not WorkloadKind.endpoint:
+        return None
+    runtime = workload.spec.get("runtime")
+    return runtime if isinstance(runtime, str) and runtime in _CHECKED_RUNTIMES else None
+
+
+def demand_of(catalog: Catalog, workload: Workload, class_name: str | None = None) -> Demand | None:
+    """What `workload` asks of one machine, as its class (or `class_name`, a fallback step's)
+    says; None: a class the catalog lacks."""
+    machine_class = catalog.get(class_name or workload.class_name)
+    if machine_class is None:
+        return None
+    return Demand.of(machine_class, workload.count, runtime_needed(workload))
 
 
 @dataclass(frozen=True)

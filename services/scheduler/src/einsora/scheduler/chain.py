@@ -16,8 +16,9 @@ walks its chain again when it opted in to one (`after_eviction`).
 from __future__ import annotations
 
 from einsora.common.schemas import WorkloadState
-from einsora.scheduler import admission, fallback, handover, reasons, regions
+from einsora.scheduler import admission, fallback, handover, reasons, regions, why
 from einsora.scheduler.book import Book
+from einsora.scheduler.capacity import demand_of
 from einsora.scheduler.fallback import Target
 from einsora.scheduler.model import Workload
 
@@ -26,14 +27,22 @@ _EVICTED = frozenset({WorkloadState.preempted, WorkloadState.failed})
 
 
 def admit(book: Book, workload: Workload) -> None:
-    """A chained workload's admission (a create, a resume, an eviction, a hand-over)."""
+    """A workload's admission (a create, a resume, an eviction, a hand-over). One without a
+    chain is a chain of one: admitted at the class it asked for, here (a class the catalog
+    lacks fails before it comes here)."""
+    if workload.chain is None:
+        demand = demand_of(book.catalog, workload)
+        assert demand is not None
+        admission.admit(book, workload, demand)
+        return
     walk(book, workload)
 
 
 def restart(workload: Workload) -> None:
     """A resume or an eviction walks its chain again from the first target."""
     chain = workload.chain
-    assert chain is not None
+    if chain is None:
+        return  # a chain of one has nowhere else to start
     chain.start, chain.reached, chain.since = 0, -1, None
     chain.explained, chain.optional = [], False
 
@@ -74,13 +83,14 @@ def walk(book: Book, workload: Workload) -> None:
 
 
 def requeue(book: Book, workload: Workload) -> None:
-    """A chained workload loaded from the store waits again in the pools of the targets it
-    reached here (the timer walks it on if it reached none yet)."""
-    for target in fallback.tried_here(book, workload):
+    """A waiting workload loaded from the store waits again in the pools of the targets it
+    reached here (a chained one's timer walks it on if it reached none yet)."""
+    for target in fallback.targets_here(book, workload):
         demand = fallback.demand_for(book, workload, target)
         if demand is not None:
-            _wait_in(book, workload, demand.pool)
-    book.chained[workload.workload_id] = workload
+            book.enqueue(workload, demand.pool)
+    if workload.chain is not None:
+        book.chained[workload.workload_id] = workload
 
 
 def _clause(book: Book, workload: Workload, target: Target) -> str:
@@ -91,14 +101,13 @@ def _clause(book: Book, workload: Workload, target: Target) -> str:
         chain = workload.chain
         assert chain is not None
         return reasons.step_fewer_replicas(chain.replica, target.replicas)
-    return fallback.explain(book, workload, target)
+    return why.explain(book, workload, target)
 
 
 def _wait_in(book: Book, workload: Workload, pool: str) -> None:
     """Wait in `pool` too (once), and among the chained workloads the timer looks at."""
     book.chained[workload.workload_id] = workload
-    if workload not in book.queue.get(pool, ()):
-        book.enqueue(workload, pool)
+    book.enqueue(workload, pool)
 
 
 def _queue(book: Book, workload: Workload) -> None:

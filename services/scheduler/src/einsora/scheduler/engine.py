@@ -637,13 +637,7 @@ def _book_from(
         if workload.region != region:
             continue  # handed over to another region; loaded for its rows here only
         if workload.state in (WorkloadState.pending, WorkloadState.queued):
-            if workload.chain is not None:
-                workload.pending_since = workload.pending_since or workload.created_at
-                chain.requeue(book, workload)
-                continue
-            demand = book.demand_of(workload)
-            if demand is not None:
-                workload.pending_since = workload.pending_since or workload.created_at
-                book.enqueue(workload, demand.pool)
+            workload.pending_since = workload.pending_since or workload.created_at
+            chain.requeue(book, workload)
     book.begin()
     return book

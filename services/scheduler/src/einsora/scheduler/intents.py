@@ -24,8 +24,8 @@ from einsora.common.schemas import (
     utcnow,
 )
 from einsora.scheduler import chain, handover, reasons
-from einsora.scheduler.admission import admit
 from einsora.scheduler.book import Book, ProcessedIntent
+from einsora.scheduler.capacity import demand_of
 from einsora.scheduler.fallback import chain_of
 from einsora.scheduler.model import Liveness, Workload
 
@@ -127,14 +127,11 @@ def _create(book: Book, intent: WorkloadIntent, request_id: str | None) -> None:
         chain=chain_of(intent, book.region),
     )
     book.add_workload(workload)
-    demand = book.demand_of(workload)
+    demand = demand_of(book.catalog, workload)
     if demand is None:
         book.transition(workload, WorkloadState.failed, reasons.unknown_class(intent.class_name))
         return
-    if workload.chain is not None:
-        chain.admit(book, workload)
-        return
-    admit(book, workload, demand)
+    chain.admit(book, workload)
 
 
 def _park(book: Book, workload: Workload) -> None:
@@ -159,17 +156,14 @@ def _park(book: Book, workload: Workload) -> None:
 
 
 def _resume(book: Book, workload: Workload, intent: WorkloadIntent) -> None:
-    demand = book.demand_of(workload)
+    demand = demand_of(book.catalog, workload)
     if demand is None:
         book.transition(workload, WorkloadState.failed, reasons.unknown_class(workload.class_name))
         return
     workload.state = WorkloadState.pending
     workload.pending_since = intent.at
-    if workload.chain is not None:
-        chain.restart(workload)  # a resume walks its whole chain again
-        chain.admit(book, workload)
-        return
-    admit(book, workload, demand)
+    chain.restart(workload)  # a resume walks its whole chain again
+    chain.admit(book, workload)
 
 
 def _remove(book: Book, workload: Workload) -> None:

@@ -30,6 +30,14 @@ from einsora.common.schemas import (
 )
 
 
+class Preemption(StrEnum):
+    """Why a guest's workload must leave a machine (ADR-0017)."""
+
+    reclaimed = "reclaimed"
+    unshared = "unshared"
+    unlent = "unlent"
+
+
 class Liveness(StrEnum):
     """Whether a machine reports: alive, suspect (silent a while), lost (silent too long)."""
 

@@ -29,9 +29,10 @@ from einsora.common.schemas import (
     WorkloadState,
     utcnow,
 )
-from einsora.scheduler import chain, reasons
+from einsora.scheduler import chain, drivers, reasons
 from einsora.scheduler.book import Book
 from einsora.scheduler.model import Liveness, Machine, Row, Workload
+from einsora.scheduler.routes import set_route
 
 log = logging.getLogger("einsora.scheduler.observe")
 
@@ -57,6 +58,7 @@ def apply_inventory(book: Book, inventory: Inventory, seen_at: float) -> Machine
             last_seen=seen_at,
         )
         book.add_machine(machine, new=True)
+        _say_if_sim_ignored(book, machine)
         return machine
     heartbeat(book, machine, seen_at)
     if _same(machine.inventory, inventory):
@@ -64,6 +66,7 @@ def apply_inventory(book: Book, inventory: Inventory, seen_at: float) -> Machine
     machine.inventory = inventory
     book.save_machine(machine)
     book.machine_changed(machine)
+    _say_if_sim_ignored(book, machine)
     _stop_work_on_lost_devices(book, machine)
     return machine
 
@@ -182,14 +185,14 @@ def _observe_row(
     elif seen.phase is ObservedPhase.running and workload.state in _BEFORE_RUNNING:
         book.transition(workload, WorkloadState.running, reasons.running(machine.machine_id))
         if seen.endpoint is not None:
-            book.set_route(workload, machine, seen.endpoint)
+            set_route(book, workload, machine, seen.endpoint)
     elif (
         seen.phase is ObservedPhase.running
         and workload.state is WorkloadState.running
         and seen.endpoint is not None
         and book.routes.get(workload.workload_id) != seen.endpoint
     ):
-        book.set_route(workload, machine, seen.endpoint)
+        set_route(book, workload, machine, seen.endpoint)
 
 
 def heartbeat(book: Book, machine: Machine, seen_at: float) -> None:
@@ -323,3 +326,15 @@ def _lose(book: Book, machine: Machine, mine: list[tuple[Row, Workload]], silent
     for row, _ in book.rows_on(machine):
         if row.holds_resources:
             book.release(machine, row, row.target)
+
+
+def _say_if_sim_ignored(book: Book, machine: Machine) -> None:
+    """A machine reports the sim driver in a cell that does not allow it: said once in the log."""
+    ignored = drivers.ignores_sim(machine.inventory, sim_machines=book.sim_machines)
+    if ignored and machine.machine_id not in book.sim_ignored:
+        book.sim_ignored.add(machine.machine_id)
+        log.warning(
+            "a machine reports the sim driver, which this cell does not allow: it is "
+            f"ignored (set {drivers.SIM_SETTING} to allow sim machines)",
+            extra={"machine_id": machine.machine_id},
+        )

@@ -6,11 +6,9 @@ built here only, so their wording stays consistent and is easy to review.
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 from einsora.common.schemas import Gpu
 from einsora.scheduler.capacity import Demand, holds_emptied
-from einsora.scheduler.model import Machine
+from einsora.scheduler.model import Machine, Preemption
 
 MACHINE_LOST = "machine lost"
 """Every failure because a machine stopped reporting starts with these words."""
@@ -91,6 +89,17 @@ def never_fits(region: str, demand: Demand, largest: int) -> str:
     return (
         f"no machine in region {region} has {_what(demand)} in total; it waits until a "
         "larger machine joins, or launch it with a smaller class or count"
+    )
+
+
+def quarantined(machines: list[str]) -> str:
+    """Only quarantined devices keep the machines that would hold it from holding it; each of
+    `machines` names one and how many are quarantined (`filters/health.py`)."""
+    shown = "; ".join(machines[:3])
+    more = f"; and {len(machines) - 3} more" if len(machines) > 3 else ""
+    return (
+        f"machines that would hold it have quarantined devices: {shown}{more}; it waits until "
+        "an operator clears them, or launch it with a smaller count"
     )
 
 
@@ -249,14 +258,6 @@ NO_LONGER_SHARED = "the machine is no longer shared with your tenant"
 """Every preemption because a machine was made private or an invitation revoked starts so."""
 NO_LONGER_LENT = "the machine's owner no longer lends what it holds"
 """Every preemption because the owner narrowed what it lends starts with these words."""
-
-
-class Preemption(StrEnum):
-    """Why a guest's workload must leave a machine (ADR-0017)."""
-
-    reclaimed = "reclaimed"
-    unshared = "unshared"
-    unlent = "unlent"
 
 
 def preempting(machine_id: str, why: Preemption, at: str) -> str:

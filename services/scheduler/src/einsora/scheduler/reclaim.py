@@ -26,8 +26,7 @@ from datetime import datetime, timedelta
 from einsora.common.schemas import Target, WorkloadState
 from einsora.scheduler import chain, reasons
 from einsora.scheduler.book import Book
-from einsora.scheduler.model import Machine, Row, Workload
-from einsora.scheduler.reasons import Preemption
+from einsora.scheduler.model import Machine, Preemption, Row, Workload
 from einsora.scheduler.trust import Trust, trust_level
 
 _ON_A_MACHINE = frozenset({WorkloadState.scheduled, WorkloadState.starting, WorkloadState.running})
