@@ -52,6 +52,13 @@ def admit_pool(book: Book, pool: str) -> None:
     queue = book.queue.get(pool)
     if not queue:
         return
+    if len(queue.groups) == 1:  # one kind of workload waits (a launch, most often): no order
+        [group] = queue.groups.values()
+        while group.members and _try(book, group.head, pool, set(), group)[0]:
+            pass
+        if not queue:
+            book.queue.pop(pool, None)
+        return
     by_use = order.fair(book, pool)
     tie = count()
     heap = [(order.group_rank(book, g, by_use), next(tie), g) for g in queue.groups.values()]

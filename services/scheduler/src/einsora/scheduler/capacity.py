@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from weakref import WeakKeyDictionary
 
 from einsora.common.catalog import Accelerator, Catalog, MachineClass
 from einsora.common.schemas import Inventory, WorkloadKind
@@ -74,13 +75,26 @@ def runtime_needed(workload: Workload) -> str | None:
     return runtime if isinstance(runtime, str) and runtime in _CHECKED_RUNTIMES else None
 
 
+_DEMANDS: WeakKeyDictionary[Catalog, dict[tuple[str, int, str | None], Demand]]
+_DEMANDS = WeakKeyDictionary()
+"""Demands made, per catalog: admission asks for one at every attempt, and a class's size
+never changes within a catalog (a class it lacks is asked again: it may be derived later)."""
+
+
 def demand_of(catalog: Catalog, workload: Workload, class_name: str | None = None) -> Demand | None:
     """What `workload` asks of one machine, as its class (or `class_name`, a fallback step's)
     says; None: a class the catalog lacks."""
-    machine_class = catalog.get(class_name or workload.class_name)
-    if machine_class is None:
-        return None
-    return Demand.of(machine_class, workload.count, runtime_needed(workload))
+    key = (class_name or workload.class_name, workload.count, runtime_needed(workload))
+    made = _DEMANDS.get(catalog)
+    if made is None:
+        made = _DEMANDS[catalog] = {}
+    demand = made.get(key)
+    if demand is None:
+        machine_class = catalog.get(key[0])
+        if machine_class is None:
+            return None
+        demand = made[key] = Demand.of(machine_class, key[1], key[2])
+    return demand
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from einsora.common.schemas import WorkloadState
 from einsora.scheduler import admission, fallback, handover, reasons, regions, why
 from einsora.scheduler.book import Book
-from einsora.scheduler.capacity import demand_of
+from einsora.scheduler.capacity import Demand, demand_of
 from einsora.scheduler.fallback import Target
 from einsora.scheduler.model import Workload
 
@@ -26,12 +26,12 @@ _WAITING = frozenset({WorkloadState.pending, WorkloadState.queued})
 _EVICTED = frozenset({WorkloadState.preempted, WorkloadState.failed})
 
 
-def admit(book: Book, workload: Workload) -> None:
+def admit(book: Book, workload: Workload, demand: Demand | None = None) -> None:
     """A workload's admission (a create, a resume, an eviction, a hand-over). One without a
-    chain is a chain of one: admitted at the class it asked for, here (a class the catalog
-    lacks fails before it comes here)."""
+    chain is a chain of one: admitted at the class it asked for (`demand`, when the caller
+    has it), here (a class the catalog lacks fails before it comes here)."""
     if workload.chain is None:
-        demand = demand_of(book.catalog, workload)
+        demand = demand or demand_of(book.catalog, workload)
         assert demand is not None
         admission.admit(book, workload, demand)
         return

@@ -131,7 +131,7 @@ def _create(book: Book, intent: WorkloadIntent, request_id: str | None) -> None:
     if demand is None:
         book.transition(workload, WorkloadState.failed, reasons.unknown_class(intent.class_name))
         return
-    chain.admit(book, workload)
+    chain.admit(book, workload, demand)
 
 
 def _park(book: Book, workload: Workload) -> None:
@@ -163,7 +163,7 @@ def _resume(book: Book, workload: Workload, intent: WorkloadIntent) -> None:
     workload.state = WorkloadState.pending
     workload.pending_since = intent.at
     chain.restart(workload)  # a resume walks its whole chain again
-    chain.admit(book, workload)
+    chain.admit(book, workload, demand)
 
 
 def _remove(book: Book, workload: Workload) -> None:

@@ -25,7 +25,9 @@ _USAGE = names.tenant_usage_key("x").removesuffix("x")
 
 
 def apply_usage_key(book: Book, key: str, value: bytes | None) -> bool:
-    """A key of the `usage` bucket changed (None: deleted); whether a quota may now admit more."""
+    """A key of the `usage` bucket changed (None: deleted); whether admission may now go
+    further: a quota changed, or a tenant's recent use did while workloads wait (fair share
+    may now put one ahead that has room where those before it had none: ADR-0030)."""
     try:
         if key.startswith(_QUOTA):
             tenant = key.removeprefix(_QUOTA)
@@ -39,7 +41,7 @@ def apply_usage_key(book: Book, key: str, value: bytes | None) -> bool:
                 book.usage.pop(tenant, None)
             else:
                 book.usage[tenant] = TenantUsage.from_bytes(value)
-            return tenant in book.quotas
+            return tenant in book.quotas or bool(book.queue)
     except ValidationError as exc:
         why = what_is_wrong(exc)
         log.warning("unreadable usage value ignored", extra={"key": key, "error": why})
