@@ -106,7 +106,7 @@ def _try(
         if grant is not None:
             book.take(workload)
             place(book, workload, demand, grant, target.index if workload.chain else None)
-            group.said = None
+            group.said, group.holds = None, frozenset()
             return True, frozenset()
     if workload.chain is None and not holds:
         # Its quota, or no machine that would ever hold it, keeps it waiting: it holds nothing,
@@ -116,6 +116,7 @@ def _try(
             _tell(book, group, said or why.queued(book, workload, demand))
     else:
         group.said = None
+    group.holds = holds
     return False, holds
 
 

@@ -96,7 +96,8 @@ def wanted_by_others(book: Book, workload: Workload, pool: str) -> frozenset[str
 
 def ahead(book: Book, workload: Workload, pool: str, wants: frozenset[str]) -> int:
     """How many workloads ahead of `workload` in `pool` hold a machine of `wants` (the machines
-    it may use there): the ones that go before it."""
+    it may use there): the ones that go before it. What each group holds is what the last
+    pass over the pool found (`Group.holds`): "ahead" is said right after one."""
     queue = book.queue.get(pool)
     if queue is None:
         return 0
@@ -104,9 +105,8 @@ def ahead(book: Book, workload: Workload, pool: str, wants: frozenset[str]) -> i
     mine = rank(book, workload, by_use)
     count = 0
     for group in queue.groups.values():
-        if holding(book, group.head, pool).isdisjoint(wants):
-            continue
-        count += _before(book, group, mine, by_use)
+        if not group.holds.isdisjoint(wants):
+            count += _before(book, group, mine, by_use)
     return count
 
 

@@ -50,6 +50,9 @@ class Group:
     members: list[Workload] = field(default_factory=list)
     ages: list[tuple[datetime, str]] = field(default_factory=list)
     """Each member's `queue_key` as it was queued, in the same order (bisected directly)."""
+    holds: frozenset[str] = frozenset()
+    """The machines its oldest member held at the last pass over the pool (admission.py):
+    what "how many are ahead" counts against, without asking the filters again."""
     said: str | None = None
     """The last reason admission gave the whole group (a quota, or no machine that would ever
     hold it): its members' timelines are told again only when it changes."""
