@@ -12,6 +12,7 @@ those that go first.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -42,6 +43,9 @@ from einsora.scheduler.capacity import (
 from einsora.scheduler.intents import apply_intent
 from einsora.scheduler.model import Machine, Workload
 from einsora.scheduler.trust import may_run
+
+if TYPE_CHECKING:
+    from services.scheduler.tests.conftest import Sim, StartScheduler
 
 CATALOG = Catalog.load()
 TENANTS = ("t-a", "t-b", "t-c")
@@ -377,6 +381,35 @@ def test_a_deep_queue_is_decided_by_groups_and_placed_in_order() -> None:
     assert [w.workload_id for w in queued if w.state is WorkloadState.scheduled][20:] == [
         w.workload_id for w in queued[20:40]
     ]
+
+
+# --- against a real bus and store: the engine re-admits what a departure released ----------
+
+
+async def test_on_a_running_scheduler_a_departure_releases_and_other_tenants_go_at_once(
+    sim: Sim, start_scheduler: StartScheduler, sqlite_url: str
+) -> None:
+    await sim.join("m-a", owner="t-a", gpus=0, cpus=4, memory_gib=16)
+    await sim.join("m-b", owner="t-b", gpus=0, cpus=16, memory_gib=64)
+    await start_scheduler(sqlite_url)
+    small = await sim.launch("cpu-2c-4g", tenant_id="t-a")
+    await sim.wait_state(small, "scheduled")
+    big = await sim.launch("cpu-4c-16g", tenant_id="t-a")
+    await sim.wait_state(big, "queued")
+    later = await sim.launch("cpu-2c-4g", tenant_id="t-a")
+    queued = await sim.wait_state(later, "queued")
+    assert "1 workload ahead" in queued.reason  # room beside `small`, but `big` waits for it
+    # Another tenant's launch, on its own machine, does not wait behind t-a's.
+    other = await sim.launch("cpu-2c-4g", tenant_id="t-b")
+    placed = await sim.wait_state(other, "scheduled")
+    assert placed.placement is not None
+    assert placed.placement.machine == "m-b"
+    # `big` leaves the queue: what it held goes in the same cycle, no other event needed.
+    await sim.intent("remove", big, "cpu-4c-16g", tenant_id="t-a")
+    await sim.wait_state(big, "removed")
+    placed = await sim.wait_state(later, "scheduled")
+    assert placed.placement is not None
+    assert placed.placement.machine == "m-a"
 
 
 def _remove_intent(workload: Workload) -> WorkloadIntent:
