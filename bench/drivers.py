@@ -5,7 +5,7 @@ Measured at the driver (start, then its readiness check until it answers; park; 
 as the agent's supervisor drives it, without the bus (a few milliseconds, bench/admission.py).
 The engines are the engine tier's: libvirtd and dockerd started by hand as root when they do
 not answer (and stopped after), the tiny guest and the stub image from the engines cache
-(`einsora.agent.testing_guest`). A part that cannot run here is skipped with its reason, and
+(`einsora.testing.guest`). A part that cannot run here is skipped with its reason, and
 its figures are null.
 
 The process notebook is Jupyter started as the agent's own user (the bench does not make
@@ -30,11 +30,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _harness import report
 
-from einsora.agent import testing_engines, testing_guest
 from einsora.agent.drivers import Driver, Handle, ProcessDriver, ProcessOptions
 from einsora.agent.drivers.container import DockerDriver, DockerOptions
 from einsora.agent.drivers.vm import LibvirtDriver, VmOptions
 from einsora.common.schemas import DesiredWorkload, ObservedPhase, Resources, Target, WorkloadKind
+from einsora.testing import engines as testing_engines
+from einsora.testing import guest as testing_guest
 
 RUNS = 5
 POLL_S = 0.05

@@ -18,8 +18,8 @@ import pytest
 from tests.conftest import OpenApi, StartPlane
 
 from einsora.agent.drivers.container.driver import client as docker_client
-from einsora.agent.pytest_engines import DockerEngine
 from einsora.common.testing import until
+from einsora.testing.pytest_engines import DockerEngine
 
 pytestmark = pytest.mark.engines
 

@@ -21,15 +21,15 @@ import pytest
 from tests.conftest import Api, OpenApi, StartPlane
 
 from einsora.agent.drivers import ProcessDriver
-from einsora.agent.testing import (
+from einsora.cli.controlplane import ControlPlane
+from einsora.common.schemas import Gpu
+from einsora.testing.agent import (
     DEVICE_REPORT,
     DEVICE_REPORTER,
     device_nodes,
     device_verdicts,
     open_directory,
 )
-from einsora.cli.controlplane import ControlPlane
-from einsora.common.schemas import Gpu
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvml"
 MIG_MACHINE = FIXTURES / "h200x3-mig.json"

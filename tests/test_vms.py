@@ -21,11 +21,11 @@ import asyncssh
 import pytest
 from tests.conftest import Api, OpenApi, StartPlane, tenant_admin
 
-from einsora.agent.pytest_engines import LibvirtEngine
 from einsora.api.testing import eventually
 from einsora.cli.controlplane import ControlPlane
 from einsora.common.testing import subprocess_env
 from einsora.proxy.vm_access import STATIC
+from einsora.testing.pytest_engines import LibvirtEngine
 
 pytestmark = pytest.mark.engines
 

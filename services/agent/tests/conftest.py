@@ -21,11 +21,11 @@ import pytest_asyncio
 
 from einsora.agent import workload_python as workload_python_module
 from einsora.agent.service import AgentService
-from einsora.agent.testing import ControlPlane, Processes, StartAgent
 from einsora.agent.workload_python import WorkloadPython
 from einsora.common.bus import bind_bucket, names
 from einsora.common.settings import Settings
 from einsora.common.testing import Bus
+from einsora.testing.agent import ControlPlane, Processes, StartAgent
 
 
 @pytest_asyncio.fixture

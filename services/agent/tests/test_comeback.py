@@ -25,7 +25,6 @@ from nats.aio.client import Client as NATS
 
 from einsora.agent.join import Enrolled
 from einsora.agent.service import AgentService
-from einsora.agent.testing import ControlPlane
 from einsora.common.bus import bind_bucket, connect, identities, names, provision
 from einsora.common.bus.accounts import APP_ACCOUNT, server_auth_conf
 from einsora.common.bus.callout import AuthCallout, Grant
@@ -33,6 +32,7 @@ from einsora.common.embedded_nats import EmbeddedNats
 from einsora.common.schemas import ObservedPhase
 from einsora.common.settings import Settings
 from einsora.common.testing import until
+from einsora.testing.agent import ControlPlane
 
 log = logging.getLogger("test.comeback")
 

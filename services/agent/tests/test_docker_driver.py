@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from einsora.agent.drivers.container.driver import client as docker_client
-from einsora.agent.pytest_engines import DockerEngine
-from einsora.agent.testing import ControlPlane, StartAgent
 from einsora.common.schemas import DesiredWorkload, ObservedPhase, Target, WorkloadKind
+from einsora.testing.agent import ControlPlane, StartAgent
+from einsora.testing.pytest_engines import DockerEngine
 
 pytestmark = pytest.mark.engines
 

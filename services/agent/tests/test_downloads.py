@@ -28,9 +28,9 @@ import pytest_asyncio
 from aiohttp import web
 
 from einsora.agent.downloads import DownloadPolicy
-from einsora.agent.testing import ControlPlane, StartAgent
 from einsora.common.schemas import DesiredWorkload, ObservedPhase, Resources, Target, WorkloadKind
 from einsora.common.testing import Bus, self_signed_certificate, subprocess_env
+from einsora.testing.agent import ControlPlane, StartAgent
 
 PROGRESS = re.compile(r"downloading model: [0-9.]+ of [0-9.]+ (bytes|KiB|MiB|GiB)")
 

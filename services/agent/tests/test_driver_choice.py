@@ -4,8 +4,8 @@ driver it does not have, saying which it has (issue 21). A process agent, no eng
 from __future__ import annotations
 
 from einsora.agent.engines import EngineOptions
-from einsora.agent.testing import ControlPlane, StartAgent
 from einsora.common.schemas import ObservedPhase, WorkloadKind
+from einsora.testing.agent import ControlPlane, StartAgent
 
 NO_ENGINES = EngineOptions(libvirt=False, docker=False)
 

@@ -14,13 +14,13 @@ from pathlib import Path
 
 from einsora.agent.fence import Contact, fence_reason, stops_when_cut_off
 from einsora.agent.service import AgentService
-from einsora.agent.testing import ControlPlane, Processes
 from einsora.agent.workload_python import WorkloadPython
 from einsora.common.bus import bind_bucket, close_quietly, connect, names, provision
 from einsora.common.embedded_nats import EmbeddedNats
 from einsora.common.schemas import DesiredWorkload, ObservedPhase, ObservedState, Target
 from einsora.common.schemas import WorkloadKind as Kind
 from einsora.common.settings import Settings
+from einsora.testing.agent import ControlPlane, Processes
 
 FENCE_S = 2.0
 HEARTBEAT_S = 0.5

@@ -15,16 +15,6 @@ from pathlib import Path
 import pytest
 
 from einsora.agent.drivers import ProcessDriver
-from einsora.agent.testing import (
-    DEVICE_REPORT,
-    DEVICE_REPORTER,
-    ControlPlane,
-    Processes,
-    StartAgent,
-    device_nodes,
-    device_verdicts,
-    open_directory,
-)
 from einsora.agent.workload_python import WorkloadPython
 from einsora.common.schemas import (
     Confinement,
@@ -34,6 +24,16 @@ from einsora.common.schemas import (
     Resources,
     Target,
     WorkloadKind,
+)
+from einsora.testing.agent import (
+    DEVICE_REPORT,
+    DEVICE_REPORTER,
+    ControlPlane,
+    Processes,
+    StartAgent,
+    device_nodes,
+    device_verdicts,
+    open_directory,
 )
 
 FIXTURES = Path(__file__).parents[3] / "tests" / "fixtures" / "nvml"

@@ -42,13 +42,13 @@ from einsora.agent.join import (
     tunnel_host_key_path,
 )
 from einsora.agent.service import AgentService
-from einsora.agent.testing import ControlPlane
 from einsora.common.bus import bind_bucket, connect, names, provision
 from einsora.common.embedded_nats import nats_server_binary
 from einsora.common.errors import ConfigError, EinsoraError
 from einsora.common.schemas import ObservedPhase, WorkloadKind
 from einsora.common.settings import Settings
 from einsora.common.testing import Bus, self_signed_certificate, subprocess_env
+from einsora.testing.agent import ControlPlane
 
 TOKEN = "agt_" + "5" * 40
 CREDENTIAL = "agk_" + "7" * 40

@@ -23,8 +23,6 @@ import asyncssh
 import pytest
 
 from einsora.agent.drivers.vm import domain_name
-from einsora.agent.pytest_engines import LibvirtEngine
-from einsora.agent.testing import ControlPlane, StartAgent
 from einsora.common.schemas import (
     ObservedPhase,
     ObservedState,
@@ -33,6 +31,8 @@ from einsora.common.schemas import (
     WorkloadKind,
 )
 from einsora.common.testing import Bus, subprocess_env
+from einsora.testing.agent import ControlPlane, StartAgent
+from einsora.testing.pytest_engines import LibvirtEngine
 
 pytestmark = pytest.mark.engines
 

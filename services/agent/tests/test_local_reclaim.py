@@ -18,11 +18,11 @@ from pydantic import SecretStr
 from einsora.agent import reclaim
 from einsora.agent.join import Enrolled
 from einsora.agent.service import AgentService
-from einsora.agent.testing import ControlPlane
 from einsora.common.bus import bind_bucket, connect, names, provision
 from einsora.common.embedded_nats import EmbeddedNats
 from einsora.common.schemas import ObservedPhase, SharingLevel, utcnow
 from einsora.common.settings import Settings
+from einsora.testing.agent import ControlPlane
 
 MACHINE = "m-mine"
 OWNER = "t-alice"

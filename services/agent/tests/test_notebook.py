@@ -13,9 +13,9 @@ import pytest
 
 from einsora.agent.drivers import ProcessDriver
 from einsora.agent.drivers.probe import http_status
-from einsora.agent.testing import ControlPlane, Processes, StartAgent
 from einsora.agent.workload_python import WorkloadPython
 from einsora.common.schemas import ObservedPhase, Target, WorkloadKind
+from einsora.testing.agent import ControlPlane, Processes, StartAgent
 
 
 @pytest.mark.slow

@@ -33,13 +33,13 @@ from nats.aio.client import Client as NATS
 
 from einsora.agent.join import Enrolled, MachineRevoked, save_enrolment
 from einsora.agent.service import AgentService
-from einsora.agent.testing import ControlPlane
 from einsora.common.bus import bind_bucket, connect, identities, names, provision
 from einsora.common.bus.identities import Identity, Permissions
 from einsora.common.embedded_nats import nats_server_binary
 from einsora.common.schemas import ObservedPhase
 from einsora.common.settings import Settings
 from einsora.common.testing import subprocess_env, until
+from einsora.testing.agent import ControlPlane
 
 log = logging.getLogger("test.outer_reconnect")
 

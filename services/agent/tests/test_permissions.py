@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from einsora.agent.service import AgentService
-from einsora.agent.testing import ControlPlane
 from einsora.common.bus import bind_bucket, connect, names, provision
 from einsora.common.embedded_nats import nats_server_binary
 from einsora.common.schemas import ObservedPhase
 from einsora.common.settings import Settings
+from einsora.testing.agent import ControlPlane
 
 MACHINE = "m-perm"
 

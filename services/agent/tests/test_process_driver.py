@@ -10,9 +10,9 @@ from pathlib import Path
 
 from einsora.agent.drivers import ProcessDriver
 from einsora.agent.drivers.probe import http_status
-from einsora.agent.testing import ControlPlane, Processes, StartAgent
 from einsora.agent.workload_python import WorkloadPython
 from einsora.common.schemas import DesiredWorkload, ObservedPhase, Target, WorkloadKind
+from einsora.testing.agent import ControlPlane, Processes, StartAgent
 
 running, failed = ObservedPhase.running, ObservedPhase.failed
 

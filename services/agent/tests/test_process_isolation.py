@@ -22,9 +22,9 @@ import psutil
 import pytest
 
 from einsora.agent.drivers import ProcessDriver, isolation
-from einsora.agent.testing import ControlPlane, Processes, StartAgent, open_directory
 from einsora.agent.workload_python import WorkloadPython
 from einsora.common.schemas import DesiredWorkload, ObservedPhase, Target, WorkloadKind
+from einsora.testing.agent import ControlPlane, Processes, StartAgent, open_directory
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="workloads run as users of their own only under a root agent"

@@ -10,11 +10,11 @@ from pathlib import Path
 import nats.errors
 
 from einsora.agent.service import AgentService
-from einsora.agent.testing import ControlPlane
 from einsora.common.bus import bind_bucket, connect, names, provision
 from einsora.common.embedded_nats import EmbeddedNats
 from einsora.common.schemas import ObservedPhase
 from einsora.common.settings import Settings
+from einsora.testing.agent import ControlPlane
 
 
 async def _put_until_accepted(control: ControlPlane, generation: int, ids: list[str]) -> None:

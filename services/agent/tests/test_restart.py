@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from einsora.agent.testing import ControlPlane, Processes
 from einsora.agent.workload_python import WorkloadPython
 from einsora.common.schemas import ObservedPhase, WorkloadKind
 from einsora.common.testing import Bus, subprocess_env
+from einsora.testing.agent import ControlPlane, Processes
 
 EINSORA = str(Path(sys.executable).parent / "einsora")
 AGENT = [EINSORA, "agent"]

@@ -29,7 +29,6 @@ from einsora.agent.downloads import DownloadPolicy
 from einsora.agent.drivers import StartFailed
 from einsora.agent.drivers.launch import WorkloadDirs, endpoint_plan, prepare
 from einsora.agent.runtimes import available, models, plans
-from einsora.agent.testing import ControlPlane, Processes, StartAgent
 from einsora.agent.workload_python import WorkloadPython
 from einsora.common.catalog import Catalog
 from einsora.common.schemas import (
@@ -40,6 +39,7 @@ from einsora.common.schemas import (
     Target,
     WorkloadKind,
 )
+from einsora.testing.agent import ControlPlane, Processes, StartAgent
 
 MODEL = Path("/srv/models/tiny.gguf")
 LOOPBACK = DownloadPolicy(allow=(ip_network("127.0.0.0/8"),))

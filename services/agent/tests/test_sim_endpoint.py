@@ -16,10 +16,10 @@ import pytest_asyncio
 from openai.types.chat import ChatCompletionMessageParam
 
 from einsora.agent.runtimes.sim_server import SimEndpointServer
-from einsora.agent.testing import ControlPlane, StartAgent
 from einsora.common import simtext
 from einsora.common.schemas import ObservedPhase, SimEndpoint, Target, WorkloadKind
 from einsora.common.testing import until
+from einsora.testing.agent import ControlPlane, StartAgent
 
 MODEL = "tiny-sim"
 MESSAGES: list[ChatCompletionMessageParam] = [

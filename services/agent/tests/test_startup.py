@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from einsora.agent.service import AgentService
-from einsora.agent.testing import ControlPlane
 from einsora.common.bus import bind_bucket, connect, names, provision
 from einsora.common.embedded_nats import EmbeddedNats
 from einsora.common.settings import Settings
 from einsora.common.testing import until
+from einsora.testing.agent import ControlPlane
 
 WAITING = "the agent cannot read its machines' keys; retrying with back-off"
 

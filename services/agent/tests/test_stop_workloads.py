@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 
-from einsora.agent.testing import ControlPlane, Processes, StartAgent
 from einsora.agent.workload_python import WorkloadPython
 from einsora.common.schemas import DesiredWorkload, ObservedPhase
 from einsora.common.schemas import WorkloadKind as Kind
+from einsora.testing.agent import ControlPlane, Processes, StartAgent
 
 MACHINE = "m-stop"
 STOP_S = 30.0

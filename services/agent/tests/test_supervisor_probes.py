@@ -24,9 +24,9 @@ from einsora.agent.drivers import ProcessDriver, ProcessOptions
 from einsora.agent.drivers.registry import DriverSet
 from einsora.agent.records import RecordStore
 from einsora.agent.supervisor import Timing, WorkloadSupervisor
-from einsora.agent.testing import ControlPlane, Processes
 from einsora.agent.workload_python import WorkloadPython
 from einsora.common.schemas import ObservedPhase, WorkloadKind
+from einsora.testing.agent import ControlPlane, Processes
 
 # Each request is logged before its answer ("begin") and after it (its status), in its home.
 SERVER = """

@@ -6,8 +6,8 @@ The test plays the scheduler: it writes `<m>.desired` and reads `<m>.observed` a
 
 from __future__ import annotations
 
-from einsora.agent.testing import ControlPlane, StartAgent
 from einsora.common.schemas import ObservedPhase, Target
+from einsora.testing.agent import ControlPlane, StartAgent
 
 running = ObservedPhase.running
 

@@ -3,7 +3,7 @@ guest, a Docker Engine with the stub image. Each fixture skips, saying why, on a
 cannot run it (not root, a package missing: `bash scripts/engine-deps.sh`).
 
 Session-wide: the daemons start once (and stop at the end, when this plugin started them);
-guests and images come from the engines cache (`testing_guest`).
+guests and images come from the engines cache (`einsora.testing.guest`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from einsora.agent import testing_engines, testing_guest
 from einsora.agent.engines import EngineOptions
+from einsora.testing import engines as testing_engines
+from einsora.testing import guest as testing_guest
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from einsora.agent.drivers.container.driver import docker_url, unix_socket_refusal
-from einsora.agent.testing_guest import ContainerRootfs
+from einsora.testing.guest import ContainerRootfs
 
 LIBVIRT_URI = "qemu:///system"
 LIBVIRT_SOCKET = Path("/var/run/libvirt/libvirt-sock")
