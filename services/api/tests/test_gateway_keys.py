@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from einsora.api.gateway_keys_sync import GatewayKeysSync
+from einsora.api.projections.gateway_keys import GatewayKeysSync
 from einsora.api.testing import (
     Client,
     RunningApi,

@@ -190,7 +190,7 @@ async def test_the_enrolments_bucket_is_repaired_from_the_store(api: RunningApi,
     sync = api.service.enrolments
     assert sync is not None
     put, deleted = await sync.repair()
-    assert (put, deleted) == ([reply["machine_id"]], ["m-stray"])
+    assert (put, deleted) == ((reply["machine_id"],), ("m-stray",))
 
     async def back() -> bool:
         return await _enrolment(bus, reply["machine_id"]) is not None

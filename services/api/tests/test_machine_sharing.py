@@ -212,11 +212,11 @@ async def test_the_repair_pass_puts_the_guests_back(api: RunningApi, bus: Bus) -
     sync = api.service.enrolments
     assert sync is not None
     put, _ = await sync.repair()
-    assert put == [machine]
+    assert put == (machine,)
     enrolment = await enrolment_on_bus(bus.js, machine)
     assert enrolment is not None
     assert (enrolment.sharing, enrolment.guests) == ("invite-only", [studio_id])
-    assert await sync.repair() == ([], [])  # the store and the bucket agree now
+    assert await sync.repair() == ((), ())  # the store and the bucket agree now
 
 
 async def _listed(client: Client) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from einsora.api.quotas_sync import QuotasSync
+from einsora.api.projections.quotas import QuotasSync
 from einsora.api.testing import (
     Answer,
     Client,

@@ -68,6 +68,7 @@ from einsora.common.bus import (
     identities,
     names,
     provision,
+    reconnects,
     tls_trusting,
 )
 from einsora.common.bus.connect import CredentialRefused, shown_url
@@ -652,7 +653,8 @@ class AgentService:
     async def _maintain(self, nc: NATS, fresh: bool) -> None:
         """Reconnects (re-watch and re-read), periodic resync, inventory refresh. `fresh`: a new
         connection, so every machine watches, reads and reports again first."""
-        reconnects = nc.stats["reconnects"]
+        signal = reconnects(nc)
+        seen = signal.count
         next_resync = time.monotonic() + self.resync_s
         next_inventory = time.monotonic() + self.inventory_s
         pending: set[str] = set(self.machines) if fresh else set()
@@ -660,9 +662,8 @@ class AgentService:
             raise_if_cancelled()
             if pending:
                 pending = await self._each(pending, _rewatch)
-            await asyncio.sleep(TICK_S)
-            if nc.stats["reconnects"] != reconnects:
-                reconnects = nc.stats["reconnects"]
+            if await signal.passed(seen, TICK_S):  # a reconnect cuts the tick short
+                seen = signal.count
                 log.info("reconnected to NATS: watching and reading desired states again")
                 pending = set(self.machines)
                 continue

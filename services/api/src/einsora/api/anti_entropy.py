@@ -24,10 +24,8 @@ id for every replica that repairs the same loss.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -49,19 +47,13 @@ from einsora.api.timeline import TimelineConsumer
 from einsora.common.bus import message_headers, names, provision
 from einsora.common.bus.provision import ALL_BUT_ROUTES
 from einsora.common.errors import BusUnavailable
-from einsora.common.failures import log_failure, outlives
+from einsora.common.repair import RepairLoop
 from einsora.common.schemas import WorkloadIntent, utcnow
 
 log = logging.getLogger("einsora.api.anti_entropy")
 
 ANTI_ENTROPY_PERIOD_S = 60.0
 """How often a pass runs when nothing else asks for one (a reconnect runs one at once)."""
-
-RECONNECT_POLL_S = 1.0
-"""How often the loop looks whether the client reconnected (no I/O: a counter)."""
-
-RETRY_S = 5.0
-"""How soon a pass that failed (NATS or the store down) is tried again, at most."""
 
 CHUNK = 256
 """Waiting workloads looked at per store read."""
@@ -114,58 +106,25 @@ class AntiEntropy:
         self._timeline = timeline
         self._period_s = period_s
         self._ack_timeout_s = ack_timeout_s
-        self._task: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
+        self._loop = RepairLoop(
+            nc,
+            self.run_once,
+            what="anti-entropy",
+            period_s=period_s,
+            failures=(nats.errors.Error, SQLAlchemyError),
+        )
         self.passes = 0
         self.checked = 0
         self.repairs: list[Repair] = []
         self.reprovisioned = 0
 
     async def start(self) -> None:
-        """Run a first pass now (in the background) and then on the period."""
-        self._stopping.clear()
-        self._task = asyncio.create_task(self._run(), name="anti-entropy")
+        """Run a first pass now (in the background) and then as `RepairLoop` says: on the
+        period, at once after a reconnect, soon after a failure."""
+        await self._loop.start()
 
     async def stop(self) -> None:
-        self._stopping.set()
-        task, self._task = self._task, None
-        if task is not None:
-            try:
-                await asyncio.wait_for(task, 10)
-            except TimeoutError:
-                log.warning("anti-entropy did not stop in time")
-
-    def _reconnects(self) -> int:
-        return int(self._nc.stats.get("reconnects", 0))
-
-    async def _run(self) -> None:
-        failing = False
-        seen_reconnects = self._reconnects()
-        due = 0.0
-        while not self._stopping.is_set():
-            reconnects = self._reconnects()
-            if time.monotonic() >= due or reconnects != seen_reconnects:
-                seen_reconnects = reconnects
-                try:
-                    await self.run_once()
-                except Exception as exc:
-                    if outlives(exc, nats.errors.Error, SQLAlchemyError):
-                        # The bus or the store away (or refusing: said with its traceback).
-                        if not failing:
-                            log_failure(log, "anti-entropy pass failed; will retry", exc)
-                        failing = True
-                        due = time.monotonic() + min(self._period_s, RETRY_S)
-                    else:
-                        # A bug must not end the repairs for good: the next pass may get past it.
-                        log.exception("anti-entropy pass failed unexpectedly")
-                        due = time.monotonic() + self._period_s
-                else:
-                    if failing:
-                        log.info("anti-entropy passes again")
-                    failing = False
-                    due = time.monotonic() + self._period_s
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), min(self._period_s, RECONNECT_POLL_S))
+        await self._loop.stop()
 
     async def run_once(self) -> list[Repair]:
         """One pass: the bus, then the intents; the workloads repaired. Raises when the store or

@@ -9,7 +9,7 @@ from datetime import datetime
 from einsora.api.auth import VerifiedTokens
 from einsora.api.machines import MachinesView
 from einsora.api.metrics import ApiMetrics
-from einsora.api.model_fallbacks_sync import ModelFallbacksSync
+from einsora.api.projections.model_fallbacks import ModelFallbacksSync
 from einsora.api.regions import RegionsView
 from einsora.api.revocations import Revocations
 from einsora.api.store import Store

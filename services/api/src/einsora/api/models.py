@@ -253,7 +253,7 @@ tenant_quotas = sa.Table(
     metadata,
     sa.Column("tenant_id", ID, sa.ForeignKey("tenants.id"), primary_key=True),
     # The operator's quota, each part optional (NULL or `{}`: no limit of that kind); the
-    # scheduler reads it from KV `usage/quota.<tenant>`, which `quotas_sync.py` keeps equal.
+    # scheduler reads it from KV `usage/quota.<tenant>`, which `projections/quotas.py` keeps equal.
     sa.Column("max_gpus", sa.Text(), nullable=False),  # JSON: GPU class -> devices at once
     sa.Column("max_gpus_total", sa.Integer(), nullable=True),
     sa.Column("gpu_hours_per_7d", sa.Float(), nullable=True),

@@ -24,7 +24,7 @@ from nats.aio.subscription import Subscription
 from pydantic import ValidationError
 
 from einsora.api.auth import VerifiedTokens
-from einsora.common.bus import names
+from einsora.common.bus import names, reconnects
 from einsora.common.failures import log_failure, outlived, outlives
 from einsora.common.schemas import TokensRevoked
 
@@ -56,15 +56,13 @@ class Revocations:
                 await self._sub.unsubscribe()
             self._sub = None
 
-    async def _watch_reconnects(self, nc: NATS, every_s: float = 0.25) -> None:
-        """After a gap on the bus, forget every verified token: a revocation may be missed."""
-        seen = nc.stats.get("reconnects", 0)
+    async def _watch_reconnects(self, nc: NATS) -> None:
+        """When the bus goes and when it comes back, forget every verified token: a revocation
+        may be missed in between."""
+        signal = reconnects(nc)
         while True:
-            await asyncio.sleep(every_s)
-            reconnects = nc.stats.get("reconnects", 0)
-            if reconnects != seen or not nc.is_connected:
-                self._tokens.clear()
-                seen = reconnects
+            await signal.changed()
+            self._tokens.clear()
 
     async def revoked(self, token_ids: Sequence[str]) -> None:
         """Drop these credentials (token or session ids) here, then tell the other replicas

@@ -37,15 +37,15 @@ from einsora.api.auth import VerifiedTokens
 from einsora.api.bootstrap import OWNER_TOKEN_FILE, ensure_owner
 from einsora.api.bus_auth import MachineBusAuth
 from einsora.api.context import ApiContext
-from einsora.api.enrolments_sync import EnrolmentsSync
-from einsora.api.gateway_keys_sync import GatewayKeysSync
 from einsora.api.key_use import KeyUseConsumer
 from einsora.api.machines import MachinesView
 from einsora.api.metrics import ApiMetrics, metrics_app
-from einsora.api.model_fallbacks_sync import ModelFallbacksSync
 from einsora.api.outbox import OutboxRelay
+from einsora.api.projections.enrolments import EnrolmentsSync
+from einsora.api.projections.gateway_keys import GatewayKeysSync
+from einsora.api.projections.model_fallbacks import ModelFallbacksSync
+from einsora.api.projections.quotas import QuotasSync
 from einsora.api.protocols import MAX_HEAD_BYTES, edge_protocol
-from einsora.api.quotas_sync import QuotasSync
 from einsora.api.redeemer import TicketRedeemer
 from einsora.api.regions import RegionsView
 from einsora.api.revocations import Revocations

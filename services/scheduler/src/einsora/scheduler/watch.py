@@ -30,7 +30,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from einsora.common.bus import names, provision
+from einsora.common.bus import names, provision, reconnects
 from einsora.common.bus.pace import MACHINE_REPORT_EVERY_S, Pacer
 from einsora.common.failures import log_failure
 from einsora.common.runloop import raise_if_cancelled
@@ -119,7 +119,7 @@ class MachinesWatch:
         # What this read covers is recorded only once it is applied and followed: a read that
         # fails half-way (JetStream still coming back, a store outage failing the snapshot)
         # leaves no pump, and the next audit reads again (see `_check`).
-        reconnects = self._nc.stats["reconnects"]
+        seen = reconnects(self._nc).count
         kv = await self._js.key_value(names.MACHINES.name)
         info = await self._js.stream_info(names.MACHINES.stream)
         watcher = await kv.watchall()
@@ -135,7 +135,7 @@ class MachinesWatch:
         log.info("machines bucket snapshot read", extra={"keys": len(snapshot)})
         await self._on_snapshot(snapshot)
         self._pump = asyncio.create_task(self._pump_loop(watcher), name="machines watch")
-        self._reconnects = reconnects
+        self._reconnects = seen
         self._created = info.created
 
     async def _unwatch(self) -> None:
@@ -165,7 +165,8 @@ class MachinesWatch:
     async def _audit_loop(self) -> None:
         while True:
             raise_if_cancelled()
-            await asyncio.sleep(self._audit_s)
+            # Each audit period, or at once after a reconnect (which the check then sees).
+            await reconnects(self._nc).passed(self._reconnects, self._audit_s)
             try:
                 await self._check()
             except Exception as exc:
@@ -194,7 +195,7 @@ class MachinesWatch:
             await self._unwatch()
             await self._watch()
             return
-        if self._nc.stats["reconnects"] != self._reconnects:
+        if reconnects(self._nc).count != self._reconnects:
             log.info("reconnected to NATS; rereading the machines bucket")
             await self._unwatch()
             await self._watch()

@@ -19,6 +19,7 @@ from einsora.common.bus.publish import (
     request_id_of,
     traceparent_of,
 )
+from einsora.common.bus.reconnects import Reconnects, reconnects
 
 __all__ = [
     "CredentialRefused",
@@ -26,6 +27,7 @@ __all__ = [
     "KeyState",
     "KvMirror",
     "ProvisionReport",
+    "Reconnects",
     "bind_bucket",
     "close_quietly",
     "connect",
@@ -38,6 +40,7 @@ __all__ = [
     "publish",
     "read_bucket",
     "read_records",
+    "reconnects",
     "request_id_of",
     "stream_configs",
     "tls_trusting",

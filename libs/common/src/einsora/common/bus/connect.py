@@ -29,6 +29,7 @@ from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 
 from einsora.common.bus.identities import Identity, inbox_prefix, load_identity
+from einsora.common.bus.reconnects import reconnects
 from einsora.common.errors import BusUnavailable, ConfigError
 
 log = logging.getLogger("einsora.bus")
@@ -114,10 +115,12 @@ async def connect(
     async def on_disconnected() -> None:
         if holder and (holder[0].is_closed or holder[0].is_draining):
             return  # closed (on purpose, or for good: on_closed says so)
+        reconnects(nc).disconnected()
         log.warning("nats disconnected; reconnecting", extra={"url": where})
 
     async def on_reconnected() -> None:
         state["reported"] = False
+        reconnects(nc).reconnected()
         log.info("nats reconnected", extra={"url": where})
 
     async def on_closed_for_good() -> None:

@@ -29,6 +29,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from einsora.common.bus.kv import bind_bucket
 from einsora.common.bus.names import BucketName
+from einsora.common.bus.reconnects import reconnects
 from einsora.common.failures import log_failure, outlived
 from einsora.common.runloop import raise_if_cancelled
 
@@ -103,13 +104,14 @@ class KvMirror:
         full = True  # every read but an audit's delivers every value
         while True:
             raise_if_cancelled()
-            reconnects = self._nc.stats["reconnects"]
+            signal = reconnects(self._nc)
+            seen = signal.count
             try:
                 watchers = await self._resync(full=full)
                 # Only an audit on the same connection may trust revisions: after a reconnect
                 # or a broken watch the server may be a new one whose revisions restarted.
-                audit = await self._follow(watchers, reconnects)
-                full = not audit or self._nc.stats["reconnects"] != reconnects
+                audit = await self._follow(watchers, seen)
+                full = not audit or signal.count != seen
             except Exception as exc:
                 raise_if_cancelled()
                 # A mirror that stopped would serve stale values (and never revoke): go on,
@@ -161,28 +163,27 @@ class KvMirror:
             self._call(self._on_synced)
         return list(self._watchers)
 
-    async def _follow(self, watchers: list[KeyValue.KeyWatcher], reconnects: int) -> bool:
+    async def _follow(self, watchers: list[KeyValue.KeyWatcher], seen: int) -> bool:
         """Deliver changes until a reconnect, a failed watch, or the next audit (True)."""
         pumps = [asyncio.create_task(self._pump(w)) for w in watchers]
-        loop = asyncio.get_running_loop()
-        audit_at = None if self._audit_s is None else loop.time() + self._audit_s
+        reconnected = asyncio.ensure_future(reconnects(self._nc).wait_beyond(seen))
         try:
-            while self._nc.stats["reconnects"] == reconnects:
-                if audit_at is not None and loop.time() >= audit_at:
-                    return True
-                done, _ = await asyncio.wait(
-                    pumps, timeout=0.25, return_when=asyncio.FIRST_COMPLETED
+            done, _ = await asyncio.wait(
+                [*pumps, reconnected], timeout=self._audit_s, return_when=asyncio.FIRST_COMPLETED
+            )
+            if reconnected in done:
+                log.info(
+                    "reconnected to NATS; rereading bucket", extra={"bucket": self._bucket.name}
                 )
-                for pump in done:
-                    pump.result()  # a watch that failed raises here: read the bucket again
-                if done:
-                    return False
-            log.info("reconnected to NATS; rereading bucket", extra={"bucket": self._bucket.name})
-            return False
+                return False
+            for pump in done:
+                pump.result()  # a watch that failed raises here: read the bucket again
+            return not done  # nothing ended: the audit is due
         finally:
+            reconnected.cancel()
             for pump in pumps:
                 pump.cancel()
-            await asyncio.gather(*pumps, return_exceptions=True)
+            await asyncio.gather(reconnected, *pumps, return_exceptions=True)
 
     async def _pump(self, watcher: KeyValue.KeyWatcher) -> None:
         async for entry in watcher:

@@ -31,8 +31,8 @@ from einsora.api.deps import (
     operation_id,
     reply,
 )
-from einsora.api.enrolments_sync import EnrolmentsSync
 from einsora.api.errors import Unauthenticated, Unavailable
+from einsora.api.projections.enrolments import EnrolmentsSync
 from einsora.api.schemas.common import PageQuery
 from einsora.api.schemas.machines import (
     JoinReply,

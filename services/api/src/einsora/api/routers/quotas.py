@@ -19,7 +19,7 @@ from einsora.api.deps import (
     reply,
 )
 from einsora.api.errors import Unavailable
-from einsora.api.quotas_sync import QuotasSync
+from einsora.api.projections.quotas import QuotasSync
 from einsora.api.schemas.quotas import QuotaOut, QuotaUpdate, TenantQuotaOut
 from einsora.api.services import quotas
 

@@ -21,7 +21,7 @@ from einsora.api.deps import (
     operation_id,
     reply,
 )
-from einsora.api.gateway_keys_sync import GatewayKeysSync
+from einsora.api.projections.gateway_keys import GatewayKeysSync
 from einsora.api.schemas.common import PageQuery
 from einsora.api.schemas.members import CredentialsRevoked, MemberRemoved, MemberRole
 from einsora.api.schemas.tenants import (

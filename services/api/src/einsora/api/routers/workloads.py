@@ -21,7 +21,7 @@ from einsora.api.deps import (
     reply,
     traceparent_of,
 )
-from einsora.api.model_fallbacks_sync import model_fallback
+from einsora.api.projections.model_fallbacks import model_fallback
 from einsora.api.routers import events
 from einsora.api.routers.events import LastEventId, stream_responses
 from einsora.api.schemas.common import PageQuery

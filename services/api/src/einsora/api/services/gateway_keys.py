@@ -4,7 +4,7 @@ Any member of a tenant makes keys for themself in that tenant. A member sees and
 own keys; a tenant admin every key of the tenant. Any other key id (another member's, another
 tenant's, a revoked one) answers 404. What the gateway reads of a key is `GatewayKey`
 (`published`): its hash, never the key; the router puts it into KV once the key is stored, and
-`gateway_keys_sync.py` puts right whatever a crash left.
+`projections/gateway_keys.py` puts right whatever a crash left.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 The operator sets them (`tenant_quotas`); the scheduler enforces them, reading each tenant's
 quota from KV `usage/quota.<tenant>` (`TenantQuota`), which the route puts before it answers
-and `quotas_sync.py` keeps equal to the store. A tenant's own members may read its quota, with
-the use accounting last published (`usage/tenant.<tenant>`); any other tenant answers 404.
+and `projections/quotas.py` keeps equal to the store. A tenant's own members may read its
+quota, with the use accounting last published (`usage/tenant.<tenant>`); any other tenant
+answers 404.
 """
 
 from __future__ import annotations
