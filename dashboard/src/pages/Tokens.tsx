@@ -1,126 +1,62 @@
 // API tokens: the CLI's and scripts' credentials. Made here (the secret shown once, with a
 // copy button), listed with their last use, revoked at once.
-import { useEffect, useState } from "preact/hooks";
+import { useState } from "preact/hooks";
 import { ApiError, type Schemas, allPages, api, ok } from "../api/client";
 import { ErrorNote } from "../components/ErrorNote";
 import { Field, described } from "../components/Field";
-import { Page } from "../components/Page";
-import { RevokeButton } from "../components/Revoke";
-import { SecretOnce } from "../components/SecretOnce";
-import { Empty, Failed, Loading } from "../components/States";
-import { age, when } from "../lib/format";
-import { now } from "../state/clock";
+import { LastUsed } from "../components/LastUsed";
+import { Named, SecretList } from "../components/SecretList";
+import { when } from "../lib/format";
 
 type Token = Schemas["TokenOut"];
 
 export function Tokens() {
-  const [tokens, setTokens] = useState<Token[] | null>(null);
-  const [error, setError] = useState<ApiError | null>(null);
-  const [revokeError, setRevokeError] = useState<ApiError | null>(null);
-  const [made, setMade] = useState<Schemas["TokenCreated"] | null>(null);
-
-  const load = () => {
-    setError(null);
-    allPages((cursor) => ok(api.GET("/v1/tokens", { params: { query: { limit: 200, cursor } } })))
-      .then(setTokens)
-      .catch((failure: unknown) => setError(failure instanceof ApiError ? failure : null));
-  };
-  useEffect(load, []);
-
   return (
-    <Page title="API tokens">
-      <p class="lead">
-        Tokens let the <code>einsora</code> command line and your scripts act as you, in this
-        tenant. Each is shown once when made; only its hash is kept.
-      </p>
-      <MakeToken
-        onMade={(token) => {
-          setMade(token);
-          load();
-        }}
-      />
-      {made ? (
-        <div class="card highlight">
-          <SecretOnce label={`Token ${made.name}`} secret={made.token} />
-          <p class="hint">
+    <SecretList<Token, Schemas["TokenCreated"]>
+      title="API tokens"
+      lead={
+        <>
+          Tokens let the <code>einsora</code> command line and your scripts act as you, in this
+          tenant. Each is shown once when made; only its hash is kept.
+        </>
+      }
+      noun="tokens"
+      heading="Your tokens"
+      row="token"
+      list={() =>
+        allPages((cursor) => ok(api.GET("/v1/tokens", { params: { query: { limit: 200, cursor } } })))
+      }
+      columns={[
+        {
+          label: "Name",
+          cell: (t) => (
+            <Named name={t.name} id={t.id} badge={t.operator ? <span class="badge tone-busy"> operator</span> : null} />
+          ),
+        },
+        { label: "Made", cell: (t) => <time dateTime={t.created_at}>{when(t.created_at)}</time> },
+        { label: "Last used", cell: (t) => <LastUsed at={t.last_used_at} /> },
+        {
+          label: "Expires",
+          cell: (t) => (t.expires_at ? <time dateTime={t.expires_at}>{when(t.expires_at)}</time> : <span class="dim">never</span>),
+        },
+      ]}
+      empty={{ title: "No tokens", body: <p>Make one above for the CLI or a script.</p> }}
+      make={(onMade) => <MakeToken onMade={onMade} />}
+      shown={(made) => ({
+        label: `Token ${made.name}`,
+        secret: made.token,
+        hint: (
+          <>
             Use it with <code>EINSORA_TOKEN=…</code> or <code>einsora login</code>.
-          </p>
-          <button type="button" class="button small" onClick={() => setMade(null)}>
-            I have copied it
-          </button>
-        </div>
-      ) : null}
-      <ErrorNote error={revokeError} />
-      <section class="card" aria-labelledby="tokens-heading">
-        <h2 id="tokens-heading">Your tokens</h2>
-        {error ? (
-          <Failed what="tokens" error={error} retry={load} />
-        ) : tokens === null ? (
-          <Loading what="tokens" />
-        ) : tokens.length === 0 ? (
-          <Empty title="No tokens">
-            <p>Make one above for the CLI or a script.</p>
-          </Empty>
-        ) : (
-          <div class="table-wrap">
-            <table class="table responsive">
-              <thead>
-                <tr>
-                  <th scope="col">Name</th>
-                  <th scope="col">Made</th>
-                  <th scope="col">Last used</th>
-                  <th scope="col">Expires</th>
-                  <th scope="col">
-                    <span class="visually-hidden">Actions</span>
-                  </th>
-                </tr>
-              </thead>
-              <tbody>
-                {tokens.map((t) => (
-                  <tr key={t.id} data-token={t.id}>
-                    <td data-label="Name">
-                      <div>
-                        <strong>{t.name}</strong>
-                        {t.operator ? <span class="badge tone-busy"> operator</span> : null}
-                        <div class="mono dim small">{t.id}</div>
-                      </div>
-                    </td>
-                    <td data-label="Made">
-                      <time dateTime={t.created_at}>{when(t.created_at)}</time>
-                    </td>
-                    <td data-label="Last used">
-                      {t.last_used_at ? (
-                        <time dateTime={t.last_used_at}>{age(t.last_used_at, now.value)} ago</time>
-                      ) : (
-                        <span class="dim">never</span>
-                      )}
-                    </td>
-                    <td data-label="Expires">
-                      {t.expires_at ? <time dateTime={t.expires_at}>{when(t.expires_at)}</time> : <span class="dim">never</span>}
-                    </td>
-                    <td data-label="">
-                      <RevokeButton
-                        what={`token ${t.name}`}
-                        consequence="Anything that uses it is refused from its next request, on every api replica."
-                        onRevoke={async () => {
-                          setRevokeError(null);
-                          try {
-                            await ok(api.DELETE("/v1/tokens/{id}", { params: { path: { id: t.id } } }));
-                            load();
-                          } catch (failure) {
-                            setRevokeError(failure instanceof ApiError ? failure : null);
-                          }
-                        }}
-                      />
-                    </td>
-                  </tr>
-                ))}
-              </tbody>
-            </table>
-          </div>
-        )}
-      </section>
-    </Page>
+          </>
+        ),
+      })}
+      revoke={{
+        what: (t) => `token ${t.name}`,
+        consequence: "Anything that uses it is refused from its next request, on every api replica.",
+        call: (t) => ok(api.DELETE("/v1/tokens/{id}", { params: { path: { id: t.id } } })),
+      }}
+    />
   );
 }
 
