@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import asyncssh
 from einsora.common.bus.consumer import retry_delay
 from einsora.common.errors import ConfigError
 from einsora.common.runloop import raise_if_cancelled
+from einsora.common.ssh_keys import key_line, load_or_make_key, quiet_asyncssh
 
 log = logging.getLogger("einsora.agent.tunnel")
 
@@ -39,44 +39,10 @@ STABLE_S = 30.0
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost"})
 
 
-def _key_line(key: asyncssh.SSHKey) -> str:
-    return key.export_public_key("openssh").decode().split("\n")[0].strip()
-
-
-def _load_or_make(path: Path) -> asyncssh.SSHKey:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if not path.exists():
-        made = asyncssh.generate_private_key("ssh-ed25519")
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(made.export_private_key("openssh"))
-        try:
-            os.link(tmp, path)  # never replaces a key another process made meanwhile
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink()
-    try:
-        return asyncssh.read_private_key(path)
-    except (OSError, asyncssh.KeyImportError) as exc:
-        raise ConfigError(
-            f"cannot read the tunnel host key at {path}: {exc.__class__.__name__}"
-        ) from exc
-
-
 def make_host_key(path: Path) -> str:
     """This machine's tunnel host key (ed25519, 0600), made if missing: its OpenSSH public line,
     which enrolment records as the machine's `tunnel_key`."""
-    return _key_line(_load_or_make(path))
-
-
-def _quiet_asyncssh() -> None:
-    """asyncssh logs every channel and auth step at INFO; ours log what matters. A level an
-    operator set is kept."""
-    library = logging.getLogger("asyncssh")
-    if library.level == logging.NOTSET:
-        library.setLevel(logging.WARNING)
+    return key_line(load_or_make_key(path, what="tunnel host key"))
 
 
 class _AgentServer(asyncssh.SSHServer):
@@ -141,7 +107,7 @@ class AgentTunnel:
         retry_cap_s: float = 30.0,
     ) -> None:
         self._address = address
-        self._host_key = _load_or_make(host_key)
+        self._host_key = load_or_make_key(host_key, what="tunnel host key")
         try:
             self._hub_keys = asyncssh.import_authorized_keys(hub_key.strip() + "\n")
         except (ValueError, asyncssh.KeyImportError) as exc:
@@ -156,7 +122,7 @@ class AgentTunnel:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        _quiet_asyncssh()
+        quiet_asyncssh()
         self._task = asyncio.create_task(self._run(), name=f"tunnel {self.machine_id}")
 
     async def stop(self) -> None:

@@ -25,9 +25,10 @@ from pathlib import Path
 
 import asyncssh
 
-from einsora.common.errors import ConfigError, PortInUse
+from einsora.common.errors import PortInUse
 from einsora.common.runloop import raise_if_cancelled
 from einsora.common.schemas import Enrolment
+from einsora.common.ssh_keys import key_line, load_or_make_key, quiet_asyncssh
 from einsora.common.tunnel_clients import socket_path
 
 log = logging.getLogger("einsora.proxy.tunnels")
@@ -44,47 +45,9 @@ Forward = tuple[str, int]
 """A machine id and a port on that machine."""
 
 
-def key_line(key: asyncssh.SSHKey) -> str:
-    """A public key as one OpenSSH line, without a comment."""
-    return key.export_public_key("openssh").decode().split("\n")[0].strip()
-
-
 def _key_id(line: str) -> tuple[str, ...]:
     # An enrolment may keep the key's comment; only the algorithm and the key itself count.
     return tuple(line.split()[:2])
-
-
-def load_or_make_key(path: Path) -> asyncssh.SSHKey:
-    """The ed25519 key at `path` (0600, in a 0700 dir), made on first use; `<path>.pub` beside."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if not path.exists():
-        made = asyncssh.generate_private_key("ssh-ed25519")
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(made.export_private_key("openssh"))
-        try:
-            os.link(tmp, path)  # never replaces a key another process made meanwhile
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink()
-    try:
-        key = asyncssh.read_private_key(path)
-    except (OSError, asyncssh.KeyImportError) as exc:
-        raise ConfigError(
-            f"cannot read the tunnel key at {path}: {exc.__class__.__name__}"
-        ) from exc
-    path.with_name(path.name + ".pub").write_text(key_line(key) + "\n")
-    return key
-
-
-def _quiet_asyncssh() -> None:
-    """asyncssh logs every channel and auth step at INFO; ours log what matters. A level an
-    operator set is kept."""
-    library = logging.getLogger("asyncssh")
-    if library.level == logging.NOTSET:
-        library.setLevel(logging.WARNING)
 
 
 class _HubClient(asyncssh.SSHClient):
@@ -128,7 +91,7 @@ class TunnelHub:
     ) -> None:
         self._host = host
         self.port = port
-        self._key = load_or_make_key(client_key)
+        self._key = load_or_make_key(client_key, what="tunnel key", public_beside=True)
         self._dir = tunnel_dir
         self._enrolments = enrolments
         self._forwards_wanted = forwards
@@ -167,7 +130,7 @@ class TunnelHub:
         return owners
 
     async def start(self) -> None:
-        _quiet_asyncssh()
+        quiet_asyncssh()
         self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self._dir, 0o700)
         for stale in self._dir.glob("*/*.sock"):  # a previous run's: their tunnels are gone
