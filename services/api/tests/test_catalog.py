@@ -254,7 +254,7 @@ def test_classes_are_offered_where_the_callers_machines_lend_them() -> None:
     assert lent["l40s-48gb"] == ["lab"]
     assert "h200-1g.18gb" not in lent
     assert "rtx-pro-6000-blackwell-96gb" not in lent
-    # A machine the caller may not use is not passed in (machine_sharing.visible): nothing
+    # A machine the caller may not use is not passed in (machine_visibility.visible): nothing
     # derived is listed, and the configured classes have no region.
     nothing = list_classes(catalog, [], PageQuery(limit=200))
     assert all(c.regions == [] for c in nothing.items)

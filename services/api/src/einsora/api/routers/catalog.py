@@ -10,7 +10,7 @@ from starlette.responses import Response
 from einsora.api.deps import AUTH_ERRORS, PARAM_ERRORS, Me, errors, operation_id, reply
 from einsora.api.schemas.catalog import ClassPage, MachinePage, RegionPage
 from einsora.api.schemas.common import PageQuery
-from einsora.api.services import catalog, machine_sharing
+from einsora.api.services import catalog, machine_visibility
 
 router = APIRouter(tags=["catalog"], generate_unique_id_function=operation_id)
 Page = Annotated[PageQuery, Query()]
@@ -27,7 +27,7 @@ async def list_classes(call: Me, query: Page) -> Response:
     ctx = call.ctx
     machines = ctx.machines.snapshot()
     # Only what the caller may use, within its owners' lends: what they could launch.
-    mine = machine_sharing.visible(machines, call.me, community_pool=ctx.settings.community_pool)
+    mine = machine_visibility.visible(machines, call.me, community_pool=ctx.settings.community_pool)
     placed = await catalog.booked(ctx.store, [r.machine_id for r in mine])
     free = catalog.free_by_class(ctx.catalog, mine, placed)
     return reply(catalog.list_classes(ctx.catalog, mine, query, free))
@@ -68,6 +68,6 @@ async def list_machines(call: Me, query: Page) -> Response:
     store = call.ctx.store
     own = None if me.is_operator else await catalog.tenant_counts(store, me)
     pool = call.ctx.settings.community_pool
-    seen = machine_sharing.visible(call.ctx.machines.snapshot(), me, community_pool=pool)
-    names = await machine_sharing.owner_names(store, seen)
+    seen = machine_visibility.visible(call.ctx.machines.snapshot(), me, community_pool=pool)
+    names = await machine_visibility.owner_names(store, seen)
     return reply(catalog.list_machines(seen, query, me, names, own))

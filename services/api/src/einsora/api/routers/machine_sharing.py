@@ -37,7 +37,7 @@ from einsora.api.schemas.machines import (
     MachineInvitationPage,
     SharingUpdate,
 )
-from einsora.api.services import machine_sharing
+from einsora.api.services import machine_invitations, machine_sharing, machine_visibility
 from einsora.common.schemas import Enrolment
 
 log = logging.getLogger("einsora.api.machines")
@@ -96,7 +96,7 @@ def _record(call: Me, machine_id: str) -> MachineRecord | None:
 
 async def _shown(call: Me, enrolment: Enrolment) -> MachineOut:
     record = _record(call, enrolment.machine_id)
-    return await machine_sharing.shown_machine(call.ctx.store, call.me, enrolment, record)
+    return await machine_visibility.shown_machine(call.ctx.store, call.me, enrolment, record)
 
 
 @router.get(
@@ -109,10 +109,12 @@ async def _shown(call: Me, enrolment: Enrolment) -> MachineOut:
 async def get_machine(call: Me, machine_id: MachineId) -> Response:
     pool = call.ctx.settings.community_pool
     record = _record(call, machine_id)
-    seen = [] if record is None else machine_sharing.visible([record], call.me, community_pool=pool)
+    seen = (
+        [] if record is None else machine_visibility.visible([record], call.me, community_pool=pool)
+    )
     if not seen:
         raise NotFound(f"no machine {machine_id!r}")
-    return reply(await machine_sharing.listed_machine(call.ctx.store, call.me, seen[0]))
+    return reply(await machine_visibility.listed_machine(call.ctx.store, call.me, seen[0]))
 
 
 @router.post(
@@ -174,7 +176,7 @@ async def invite_to_machine(
     body: Annotated[MachineInvitationCreate, Depends(JsonBody(MachineInvitationCreate))],
 ) -> Response:
     ctx = call.ctx
-    made, new = await machine_sharing.invite(
+    made, new = await machine_invitations.invite(
         ctx.store,
         call.me,
         machine_id,
@@ -193,7 +195,7 @@ async def invite_to_machine(
 )
 async def list_machine_invitations(call: Me, machine_id: MachineId, query: Page) -> Response:
     ctx = call.ctx
-    page = await machine_sharing.list_for_machine(
+    page = await machine_invitations.list_for_machine(
         ctx.store, call.me, machine_id, query, community_pool=ctx.settings.community_pool
     )
     return reply(page)
@@ -209,7 +211,7 @@ async def revoke_machine_invitation(
     call: Me, request: Request, machine_id: MachineId, invitation: Annotated[str, Path()]
 ) -> Response:
     ctx = call.ctx
-    enrolment = await machine_sharing.revoke(
+    enrolment = await machine_invitations.revoke(
         ctx.store,
         call.me,
         machine_id,
@@ -232,7 +234,7 @@ async def revoke_machine_invitation(
     responses=errors(*AUTH_ERRORS, *PARAM_ERRORS),
 )
 async def list_my_machine_invitations(call: Me, query: Page) -> Response:
-    return reply(await machine_sharing.list_mine(call.ctx.store, call.me, query))
+    return reply(await machine_invitations.list_mine(call.ctx.store, call.me, query))
 
 
 @router.post(
@@ -245,7 +247,7 @@ async def list_my_machine_invitations(call: Me, query: Page) -> Response:
 async def accept_machine_invitation(
     call: Me, request: Request, invitation_id: InvitationId
 ) -> Response:
-    accepted, enrolment = await machine_sharing.accept(
+    accepted, enrolment = await machine_invitations.accept(
         call.ctx.store, call.me, invitation_id, now=call.ctx.clock()
     )
     await _put(request, enrolment)

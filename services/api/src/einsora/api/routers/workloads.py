@@ -32,7 +32,7 @@ from einsora.api.schemas.workloads import (
     WorkloadOut,
     WorkloadPage,
 )
-from einsora.api.services import machine_sharing, timeline, workloads
+from einsora.api.services import machine_visibility, timeline, workloads
 from einsora.api.services.fallback import has_steps
 from einsora.common.schemas import IntentAction, StepKind
 
@@ -87,7 +87,7 @@ async def create_workload(
         idempotency_key=idempotency_key,
         machines={
             r.machine_id: r
-            for r in machine_sharing.visible(
+            for r in machine_visibility.visible(
                 snapshot, call.me, community_pool=settings.community_pool
             )
         }

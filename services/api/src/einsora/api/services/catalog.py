@@ -29,7 +29,7 @@ from einsora.api.schemas.catalog import (
     SchedulerOut,
 )
 from einsora.api.schemas.common import PageQuery
-from einsora.api.services.machine_sharing import machine_out
+from einsora.api.services.machine_visibility import machine_out
 from einsora.api.store import Store
 from einsora.common.catalog import Accelerator, Catalog
 from einsora.common.schemas import Lend, RegionStatus, WorkloadState, utcnow
@@ -144,7 +144,7 @@ def list_classes(
     query: PageQuery,
     free: Mapping[str, int] | None = None,
 ) -> ClassPage:
-    """`machines`: those the caller may use (`machine_sharing.visible`), for where classes are
+    """`machines`: those the caller may use (`machine_visibility.visible`), for where classes are
     offered to them; `free`: what those could take now (`free_by_class`), None when not
     counted."""
     offered: dict[str, set[str]] = {}
@@ -236,7 +236,7 @@ def list_machines(
     owner_names: Mapping[str, str],
     own: dict[str, int] | None = None,
 ) -> MachinePage:
-    """`machines`: those the viewer may see (`machine_sharing.visible`); `owner_names`: their
+    """`machines`: those the viewer may see (`machine_visibility.visible`); `owner_names`: their
     owner tenants' names by id; `own`: the caller's tenant's counts per machine; None (the
     operator) counts them all."""
     page, cursor = _page(machines, lambda r: r.machine_id, query)

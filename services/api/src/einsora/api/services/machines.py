@@ -12,7 +12,7 @@ Revoking a machine keeps its row, so its credential is refused for good and ever
 reports stays ignored.
 
 A machine's `Enrolment` is read from here whole, its `guests` included (the tenants whose
-machine invitation was accepted and not revoked, `services/machine_sharing.py`): every put to
+machine invitation was accepted and not revoked, `services/machine_invitations.py`): every put to
 the `enrolments` bucket and the repair pass take it from `enrolment_of` or `enrolments`. Its
 `lend` (what the owner lends Einsora of the machine) is stored in the `lend_*` columns.
 """
