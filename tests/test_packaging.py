@@ -37,3 +37,18 @@ def test_the_agent_pulls_no_server_dependency() -> None:
 def test_the_api_does_pull_the_store() -> None:
     # The same walk finds server dependencies where they belong, so the check above can fail.
     assert "sqlalchemy" in _closure("einsora-api")
+
+
+def test_the_agent_ships_no_test_machinery() -> None:
+    """Test machinery lives in einsora-testing, for the workspace only (issue 37): an agent
+    installed on a machine registers no pytest plugin and carries no testing module."""
+    import pkgutil
+    from importlib.metadata import distribution
+
+    import einsora.agent
+
+    plugins = [e.name for e in distribution("einsora-agent").entry_points if e.group == "pytest11"]
+    assert plugins == []
+    modules = {m.name for m in pkgutil.walk_packages(einsora.agent.__path__)}
+    assert not {name for name in modules if "testing" in name or "pytest" in name}
+    assert any(e.group == "pytest11" for e in distribution("einsora-testing").entry_points)
