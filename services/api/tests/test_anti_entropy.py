@@ -17,9 +17,9 @@ from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
 from nats.js.errors import NotFoundError
 
-from einsora.api.outbox import OutboxRelay
+from einsora.api.consumers.outbox import OutboxRelay
+from einsora.api.consumers.timeline import TIMELINE_CONSUMER
 from einsora.api.testing import RunningApi, eventually, running_api
-from einsora.api.timeline import TIMELINE_CONSUMER
 from einsora.common.bus import connect, identities, names, publish
 from einsora.common.embedded_nats import EmbeddedNats
 from einsora.common.schemas import (

@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from einsora.api.machines import MachinesView
+from einsora.api.views.machines import MachinesView
 from einsora.common.bus import connect, names, provision
 from einsora.common.embedded_nats import EmbeddedNats
 from einsora.common.schemas import Gpu, Inventory
@@ -48,7 +48,7 @@ def _gpus(view: MachinesView) -> int | None:
 async def test_an_inventory_over_its_limits_is_skipped_in_one_log_line(
     own_nats_server: EmbeddedNats, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="einsora.api.machines")
+    caplog.set_level(logging.WARNING, logger="einsora.api.views.machines")
     nc = await connect(own_nats_server.url, name="test")
     js = nc.jetstream()
     await provision(js)

@@ -179,8 +179,8 @@ async def test_a_64_gb_mac_offers_every_apple_class_up_to_64_gb(api: RunningApi,
 
 
 def test_what_is_free_now_is_what_is_lent_less_what_is_placed() -> None:
-    from einsora.api.machines import MachineRecord
     from einsora.api.services.catalog import free_by_class
+    from einsora.api.views.machines import MachineRecord
     from einsora.common.catalog import Catalog
     from einsora.common.schemas import Enrolment, Lend
 
@@ -214,9 +214,9 @@ def test_classes_are_offered_where_the_callers_machines_lend_them() -> None:
     """`/v1/classes` counts only the machines the caller may use, within what their owners lend;
     a class derived from a device (a MIG profile, an unknown model) is listed only where it is
     offered."""
-    from einsora.api.machines import MachineRecord
     from einsora.api.schemas.common import PageQuery
     from einsora.api.services.catalog import list_classes
+    from einsora.api.views.machines import MachineRecord
     from einsora.common.catalog import Catalog
     from einsora.common.schemas import Enrolment, Lend
 

@@ -10,7 +10,7 @@ import shutil
 
 import nats.errors
 
-from einsora.api.machines import MachinesView
+from einsora.api.views.machines import MachinesView
 from einsora.common.bus import connect, names, provision
 from einsora.common.embedded_nats import EmbeddedNats
 from einsora.common.schemas import Inventory

@@ -164,7 +164,7 @@ async def test_the_outbox_relay_says_the_store_is_away_and_publishes_once_it_is_
     api = api_via_relay
     outbox = api.service.relay
     assert outbox is not None
-    caplog.set_level(logging.INFO, logger="einsora.api.outbox")
+    caplog.set_level(logging.INFO, logger="einsora.api.consumers.outbox")
     await relay[0].cut()
     # Wake the relay now: its next read of the outbox meets the store away.
     assert api.service.store is not None
@@ -173,7 +173,7 @@ async def test_the_outbox_relay_says_the_store_is_away_and_publishes_once_it_is_
         lambda: any(r.levelno >= logging.WARNING for r in caplog.records),
         what="the relay's failure said",
     )
-    said = [r for r in caplog.records if r.name == "einsora.api.outbox"]
+    said = [r for r in caplog.records if r.name == "einsora.api.consumers.outbox"]
     assert [(r.levelno, r.getMessage()) for r in said] == [
         (logging.WARNING, "outbox unreadable; will retry")
     ]

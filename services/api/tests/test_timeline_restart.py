@@ -27,8 +27,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from einsora.api import models as m
+from einsora.api.consumers.timeline import TIMELINE_CONSUMER
 from einsora.api.testing import eventually, running_api
-from einsora.api.timeline import TIMELINE_CONSUMER
 from einsora.common.bus import names, publish
 from einsora.common.schemas import (
     EventKind,

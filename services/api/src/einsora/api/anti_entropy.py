@@ -40,10 +40,10 @@ from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
 from einsora.api import models as m
-from einsora.api.outbox import AWAITING_INTENT
+from einsora.api.consumers.outbox import AWAITING_INTENT
+from einsora.api.consumers.timeline import TimelineConsumer
 from einsora.api.services.timeline import add_note
 from einsora.api.store import Store
-from einsora.api.timeline import TimelineConsumer
 from einsora.common.bus import message_headers, names, provision
 from einsora.common.bus.provision import ALL_BUT_ROUTES
 from einsora.common.errors import BusUnavailable

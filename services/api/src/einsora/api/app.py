@@ -51,12 +51,10 @@ from einsora.api.errors import (
     unprocessable,
 )
 from einsora.api.middleware import EdgeMiddleware
-from einsora.api.passwords import SignInThrottle
 from einsora.api.routers import ROUTERS
 from einsora.api.schemas.common import as_details
 from einsora.api.schemas.events import EVENT_DATA
 from einsora.api.server_span import ServerSpanMiddleware
-from einsora.api.services.limits import RateLimits
 from einsora.common import telemetry
 from einsora.common.errors import EinsoraError
 from einsora.common.sites import DASHBOARD_COOKIE
@@ -170,9 +168,7 @@ def _app() -> FastAPI:
 def create_app(ctx: ApiContext) -> FastAPI:
     """The api's ASGI app over `ctx`."""
     app = _app()
-    app.state.ctx = ctx
-    app.state.rate_limits = RateLimits.from_settings(ctx.settings)
-    app.state.sign_in_throttle = SignInThrottle()  # failed password sign-ins (ADR-0019)
+    app.state.ctx = ctx  # the one thing on the app: routes reach every tool through it
     # The dashboard's pages and files, after every API route (ADR-0019).
     app.router.routes.extend(DashboardFiles.from_settings(ctx.settings).routes())
     app.add_middleware(EdgeMiddleware, metrics=ctx.metrics)

@@ -3,10 +3,10 @@
 A secret has 256 random bits, so a plain SHA-256 (not a slow password hash) is enough, and it
 lets a lookup be one indexed query. A verified token is remembered in the process
 (`VerifiedTokens`), so most requests need no query at all: a revocation drops it here before the
-DELETE answers and on every other replica as soon as the bus tells it (`revocations.py`); expiry
-is checked on every request; and an entry older than `VerifiedTokens.ttl_s` is read again, the
-backstop for a change the bus did not carry (a replica that was disconnected forgets everything
-when it reconnects).
+DELETE answers and on every other replica as soon as the bus tells it
+(`consumers/revocations.py`); expiry is checked on every request; and an entry older than
+`VerifiedTokens.ttl_s` is read again, the backstop for a change the bus did not carry (a replica
+that was disconnected forgets everything when it reconnects).
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ async def _authenticated(request: Request, *, launch: bool) -> Call:
     # Bound until the request ends, by the edge; a `yield` dependency would cost some 30 us a
     # request more (FastAPI's exit stack and cancel scopes around it).
     bind_log_context(scope, tenant=principal.tenant_id, subject=principal.user_id)
-    await request.app.state.rate_limits.check(principal, launch=launch)
+    await ctx.rate_limits.check(principal, launch=launch)
     action: Action | None = scope.get(ACTION_SCOPE_KEY)
     if action is not None:
         # Armed past the rate limits: a refused flood writes no rows.
@@ -152,7 +152,7 @@ async def context(request: Request) -> ApiContext:
     action is armed without a caller: the route's service names who acts, `activity_actor`),
     within its client address's rate limit (`limits.RateLimits.check_address`)."""
     ctx: ApiContext = request.app.state.ctx
-    await request.app.state.rate_limits.check_address(request.scope)
+    await ctx.rate_limits.check_address(request.scope)
     action: Action | None = request.scope.get(ACTION_SCOPE_KEY)
     if action is not None:
         _arm(action, request.scope, ctx)

@@ -235,7 +235,8 @@ gateway_keys = sa.Table(
     sa.Column("created_at", UtcDateTime(), nullable=False),
     sa.Column("expires_at", UtcDateTime(), nullable=True),
     sa.Column("revoked_at", UtcDateTime(), nullable=True),
-    # When the gateway last counted a request with it (`key_use.py`, from its token counts).
+    # When the gateway last counted a request with it (`consumers/key_use.py`, from its token
+    # counts).
     sa.Column("last_used_at", UtcDateTime(), nullable=True),
     sa.Index(None, "tenant_id", "user_id", "id"),
     sa.Index(None, "tenant_id", "id"),

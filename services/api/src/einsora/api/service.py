@@ -2,7 +2,7 @@
 
 `start()` applies the migrations, makes the owner on the first start (with a one-time sign-in
 link to the dashboard), connects to NATS and provisions it, starts the timeline consumer, the
-gateway keys' last use (`key_use.py`), the machines view, the outbox relay and
+gateway keys' last use (`consumers/key_use.py`), the machines view, the outbox relay and
 anti-entropy (which provisions again if NATS comes back empty, and republishes lost intents;
 ADR-0011), the gateway keys sync (KV `gateway_keys` equal to the store's live keys), the
 tenant quotas sync (the `quota.*` keys of KV `usage` equal to the store's quotas), the
@@ -10,8 +10,8 @@ enrolments sync (KV `enrolments` equal to the store's machines), the activity lo
 (entries older than `activity_retention_days` purged, at start and every
 `activity_purge_period_s`) and, where the server runs
 one, the auth callout for machines' credentials (`bus_auth.py`), then
-serves HTTP with uvicorn in this process, event streams included (`streams.py`), each request's
-head bounded in size and time (`protocols.py`), and returns once it accepts connections.
+serves HTTP with uvicorn in this process, event streams included (`consumers/streams.py`), each
+request's head bounded in size and time (`protocols.py`), and returns once it accepts connections.
 `stop()` ends the event streams first, then undoes all the rest, in reverse, and may be called
 twice.
 """
@@ -36,26 +36,26 @@ from einsora.api.app import create_app
 from einsora.api.auth import VerifiedTokens
 from einsora.api.bootstrap import OWNER_TOKEN_FILE, ensure_owner
 from einsora.api.bus_auth import MachineBusAuth
+from einsora.api.consumers.key_use import KeyUseConsumer
+from einsora.api.consumers.outbox import OutboxRelay
+from einsora.api.consumers.redeemer import TicketRedeemer
+from einsora.api.consumers.revocations import Revocations
+from einsora.api.consumers.streams import EventStreams
+from einsora.api.consumers.timeline import TimelineConsumer
 from einsora.api.context import ApiContext
-from einsora.api.key_use import KeyUseConsumer
-from einsora.api.machines import MachinesView
 from einsora.api.metrics import ApiMetrics, metrics_app
-from einsora.api.outbox import OutboxRelay
 from einsora.api.projections.enrolments import EnrolmentsSync
 from einsora.api.projections.gateway_keys import GatewayKeysSync
 from einsora.api.projections.model_fallbacks import ModelFallbacksSync
 from einsora.api.projections.quotas import QuotasSync
 from einsora.api.protocols import MAX_HEAD_BYTES, edge_protocol
-from einsora.api.redeemer import TicketRedeemer
-from einsora.api.regions import RegionsView
-from einsora.api.revocations import Revocations
 from einsora.api.services.activity import PURGE_PERIOD_S, ActivityRetention
 from einsora.api.services.sign_in_links import mint_owner_link
 from einsora.api.services.usage import Accounting
 from einsora.api.store import Store
-from einsora.api.streams import EventStreams
-from einsora.api.timeline import TimelineConsumer
 from einsora.api.trusted_proxies import forwarded_allow_ips
+from einsora.api.views.machines import MachinesView
+from einsora.api.views.regions import RegionsView
 from einsora.common import startup
 from einsora.common.bus import close_quietly, connect_as, identities, provision, tls_trusting
 from einsora.common.bus.provision import ALL_BUT_ROUTES
@@ -231,6 +231,12 @@ class ApiService:
             self._revocations = Revocations(tokens)
             await self._revocations.start(self.nc)
             nc = self.nc
+            self.streams = EventStreams(
+                self.store,
+                js,
+                heartbeat_s=self.settings.api_stream_heartbeat_s,
+                per_account=self.settings.api_streams_per_token,
+            )
             ctx = ApiContext(
                 settings=self.settings,
                 store=self.store,
@@ -243,20 +249,15 @@ class ApiService:
                 tokens=tokens,
                 revocations=self._revocations,
                 model_fallbacks=self.model_fallbacks,
+                gateway_keys=self.gateway_keys,  # the key routes write KV through it
+                quotas=self.quotas,  # the quota routes too
+                enrolments=self.enrolments,  # joins and revocations
+                bus_auth=self.bus_auth,  # revocations cut the machine's connections
+                accounting=Accounting(self.nc),  # usage reports ask accounting
+                streams=self.streams,
             )
             await self._serve_metrics(ctx.metrics)
             app = create_app(ctx)
-            app.state.gateway_keys = self.gateway_keys  # the key routes write KV through it
-            app.state.quotas = self.quotas  # the quota routes too
-            app.state.enrolments = self.enrolments  # joins and revocations
-            app.state.bus_auth = self.bus_auth  # revocations cut the machine's connections
-            app.state.accounting = Accounting(self.nc)  # usage reports ask accounting
-            app.state.streams = self.streams = EventStreams(
-                self.store,
-                js,
-                heartbeat_s=self.settings.api_stream_heartbeat_s,
-                per_account=self.settings.api_streams_per_token,
-            )
             config = uvicorn.Config(
                 app,
                 # httptools where installed, else h11, each head bounded in size and time, with

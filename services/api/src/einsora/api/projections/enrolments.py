@@ -15,10 +15,10 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from einsora.api.machines import MachinesView
 from einsora.api.projections.kv import KvProjection, ProjectionSync
 from einsora.api.services.machines import enrolments
 from einsora.api.store import Store
+from einsora.api.views.machines import MachinesView
 from einsora.common.bus import names
 from einsora.common.failures import log_failure, outlives
 from einsora.common.schemas import Enrolment

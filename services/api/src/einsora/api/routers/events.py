@@ -1,7 +1,7 @@
 """`/v1/events`: every change to the tenant's workloads as server-sent events; and `follow`, the
 same for one workload, which `GET /v1/workloads/{id}/events?follow=true` answers with.
 
-The streams themselves are `streams.py`'s; this is their HTTP face: who calls, which
+The streams themselves are `consumers/streams.py`'s; this is their HTTP face: who calls, which
 `Last-Event-ID` they resume after, and the document.
 """
 
@@ -12,12 +12,17 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Request
 from starlette.responses import Response
 
+from einsora.api.consumers.streams import (
+    MEDIA_TYPE,
+    EventStreamResponse,
+    EventStreams,
+    parse_last_event_id,
+)
 from einsora.api.deps import AUTH_ERRORS, PARAM_ERRORS, Call, Me, errors, operation_id
 from einsora.api.errors import Unavailable
 from einsora.api.schemas.common import ErrorBody
 from einsora.api.schemas.events import CHANGE, EVENT_DATA, SNAPSHOT
 from einsora.api.services import workloads
-from einsora.api.streams import MEDIA_TYPE, EventStreamResponse, EventStreams, parse_last_event_id
 
 REF = "#/components/schemas/{model}"
 ERROR_REF = REF.format(model=ErrorBody.__name__)
@@ -89,7 +94,7 @@ def stream_responses(*statuses: int, page: bool = False) -> dict[int | str, dict
 
 
 def _streams(request: Request) -> EventStreams:
-    streams: EventStreams | None = getattr(request.app.state, "streams", None)
+    streams: EventStreams | None = request.app.state.ctx.streams
     if streams is None:
         raise Unavailable("this api serves no event streams (it runs without the bus)")
     return streams

@@ -27,6 +27,6 @@ async def export_workload(
     call: Me, request: Request, workload_id: Annotated[str, Path(alias="id")]
 ) -> Response:
     # Without a bus (or accounting) the export still answers, saying in `notes` what it lacks.
-    accounting: Accounting | None = getattr(request.app.state, "accounting", None)
+    accounting: Accounting | None = request.app.state.ctx.accounting
     ctx = call.ctx
     return reply(await export.export(ctx.store, accounting, call.me, workload_id, ctx.clock()))

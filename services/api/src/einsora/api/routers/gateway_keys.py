@@ -36,7 +36,7 @@ KeyId = Annotated[str, Path(alias="id")]
 def _bus(request: Request) -> GatewayKeysSync | None:
     """The service's key sync (`service.py` sets it); None for an app without a bus, whose keys
     reach KV with the first pass of a service that has one."""
-    sync: GatewayKeysSync | None = getattr(request.app.state, "gateway_keys", None)
+    sync: GatewayKeysSync | None = request.app.state.ctx.gateway_keys
     return sync
 
 

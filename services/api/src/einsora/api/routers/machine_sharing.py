@@ -27,7 +27,6 @@ from einsora.api.deps import (
     reply,
 )
 from einsora.api.errors import NotFound
-from einsora.api.machines import MachineRecord
 from einsora.api.routers.machines import MachineId, enrolments_of
 from einsora.api.schemas.catalog import MachineOut
 from einsora.api.schemas.common import PageQuery
@@ -38,9 +37,10 @@ from einsora.api.schemas.machines import (
     SharingUpdate,
 )
 from einsora.api.services import machine_invitations, machine_sharing, machine_visibility
+from einsora.api.views.machines import MachineRecord
 from einsora.common.schemas import Enrolment
 
-log = logging.getLogger("einsora.api.machines")
+log = logging.getLogger("einsora.api.views.machines")
 router = APIRouter(tags=["machines"], generate_unique_id_function=operation_id)
 InvitationId = Annotated[str, Path(alias="id")]
 Page = Annotated[PageQuery, Query()]

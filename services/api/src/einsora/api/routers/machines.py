@@ -12,7 +12,7 @@ import hashlib
 import logging
 import ssl
 from pathlib import Path as FilePath
-from typing import Annotated, Protocol
+from typing import Annotated
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -47,7 +47,7 @@ from einsora.api.schemas.sim_agents import SimAgentEnrol, SimAgentEnrolled
 from einsora.api.services import machines, sim_agents
 from einsora.common.settings import Settings
 
-log = logging.getLogger("einsora.api.machines")
+log = logging.getLogger("einsora.api.views.machines")
 router = APIRouter(tags=["machines"], generate_unique_id_function=operation_id)
 
 
@@ -72,15 +72,9 @@ HUB_KEY_FILE = FilePath("tunnel") / "hub_key.pub"
 """The tunnel hub's public key, under the data dir: the hub writes it, joins hand it out."""
 
 
-class BusAuth(Protocol):
-    """What revocation needs of the bus: cut a machine's live connections (the callout)."""
-
-    async def kick(self, machine_id: str) -> int: ...
-
-
 def enrolments_of(request: Request) -> EnrolmentsSync | None:
     """What puts enrolments to the bus (None: the api runs without a bus)."""
-    sync: EnrolmentsSync | None = getattr(request.app.state, "enrolments", None)
+    sync: EnrolmentsSync | None = request.app.state.ctx.enrolments
     return sync
 
 
@@ -304,7 +298,7 @@ async def revoke_machine(call: Me, request: Request, machine_id: MachineId) -> R
     sync = enrolments_of(request)
     if sync is not None:
         await sync.put(enrolment)  # the scheduler fails its workloads, the hub cuts its tunnel
-    bus_auth: BusAuth | None = getattr(request.app.state, "bus_auth", None)
+    bus_auth = request.app.state.ctx.bus_auth
     if bus_auth is not None:
         cut = await bus_auth.kick(machine_id)
         log.info("machine revoked", extra={"machine_id": machine_id, "connections_cut": cut})

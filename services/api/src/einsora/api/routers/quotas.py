@@ -29,7 +29,7 @@ TenantId = Annotated[str, Path(alias="id")]
 
 def _sync(request: Request) -> QuotasSync:
     """The service's quota sync (`service.py` sets it); an app without a bus has none."""
-    sync: QuotasSync | None = getattr(request.app.state, "quotas", None)
+    sync: QuotasSync | None = request.app.state.ctx.quotas
     if sync is None:
         raise Unavailable(
             "this api has no bus, so quotas can neither reach the scheduler nor be read"
@@ -65,7 +65,7 @@ async def put_tenant_quota(
     tenant_id: TenantId,
     body: Annotated[QuotaUpdate, Depends(JsonBody(QuotaUpdate))],
 ) -> Response:
-    sync = getattr(request.app.state, "quotas", None)
+    sync = request.app.state.ctx.quotas
     found, quota = await quotas.put(
         call.ctx.store, call.me, tenant_id, body, call.ctx.catalog, call.ctx.clock()
     )

@@ -93,7 +93,7 @@ def _began(request: Request, ctx: ApiContext, began: sessions.Began) -> Response
 
 
 def _throttle(request: Request) -> SignInThrottle:
-    throttle: SignInThrottle = request.app.state.sign_in_throttle  # made by create_app
+    throttle: SignInThrottle = request.app.state.ctx.sign_in_throttle
     return throttle
 
 

@@ -168,7 +168,7 @@ async def _dropped(request: Request, ctx: ApiContext, done: members.Offboarded) 
     """Tell every replica, and the gateway, what an offboarding revoked (after its commit)."""
     if done.forget:
         await ctx.revoked(done.forget)  # refused from the next request on, on every replica
-    sync: GatewayKeysSync | None = getattr(request.app.state, "gateway_keys", None)
+    sync: GatewayKeysSync | None = request.app.state.ctx.gateway_keys
     if sync is not None:
         for key_id in done.gateway_keys:
             await sync.revoked(key_id)  # refused by the gateway before the answer is sent

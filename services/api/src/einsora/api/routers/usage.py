@@ -26,7 +26,7 @@ _CSV_DOCUMENTED = {
 
 def _accounting(request: Request) -> usage.Accounting:
     """The service's client of accounting (`service.py` sets it); an app without a bus has none."""
-    found: usage.Accounting | None = getattr(request.app.state, "accounting", None)
+    found: usage.Accounting | None = request.app.state.ctx.accounting
     if found is None:
         raise Unavailable("usage reports come from accounting, and this api has no bus")
     return found

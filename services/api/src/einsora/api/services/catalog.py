@@ -18,7 +18,6 @@ import sqlalchemy as sa
 
 from einsora.api import models as m
 from einsora.api.auth import Principal
-from einsora.api.machines import MachineRecord
 from einsora.api.pagination import cursor_str, encode_cursor
 from einsora.api.schemas.catalog import (
     ClassOut,
@@ -31,6 +30,7 @@ from einsora.api.schemas.catalog import (
 from einsora.api.schemas.common import PageQuery
 from einsora.api.services.machine_visibility import machine_out
 from einsora.api.store import Store
+from einsora.api.views.machines import MachineRecord
 from einsora.common.catalog import Accelerator, Catalog
 from einsora.common.schemas import Lend, RegionStatus, WorkloadState, utcnow
 from einsora.common.schemas.workload import TERMINAL_STATES

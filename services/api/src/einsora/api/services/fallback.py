@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from einsora.api.errors import field_error
-from einsora.api.machines import MachineRecord
 from einsora.api.schemas.workloads import FallbackStepIn, WorkloadCreate
+from einsora.api.views.machines import MachineRecord
 from einsora.common.catalog import Catalog
 from einsora.common.schemas import StepKind, WorkloadKind
 

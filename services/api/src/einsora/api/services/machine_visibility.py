@@ -16,10 +16,10 @@ import sqlalchemy as sa
 
 from einsora.api import models as m
 from einsora.api.auth import Principal
-from einsora.api.machines import MachineRecord
 from einsora.api.schemas.catalog import MachineOut
 from einsora.api.services import machines
 from einsora.api.store import Store
+from einsora.api.views.machines import MachineRecord
 from einsora.common.schemas import Enrolment, SharingLevel
 from einsora.common.schemas.workload import TERMINAL_STATES
 

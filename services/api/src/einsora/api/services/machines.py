@@ -50,7 +50,7 @@ from einsora.common.bus.names import is_subject_token
 from einsora.common.ids import is_id, new_id
 from einsora.common.schemas import Enrolment, Inventory, Lend, SharingLevel, utcnow
 
-log = logging.getLogger("einsora.api.machines")
+log = logging.getLogger("einsora.api.views.machines")
 
 JOIN_TOKEN_PREFIX = "agt_"  # noqa: S105 (a prefix, not a secret)
 CREDENTIAL_PREFIX = "agk_"

@@ -35,7 +35,7 @@ from einsora.common.ids import is_id
 from einsora.common.schemas import EventKind, WorkloadEvent, utcnow
 from einsora.store import statements
 
-log = logging.getLogger("einsora.api.timeline")
+log = logging.getLogger("einsora.api.consumers.timeline")
 
 MAX_REASON = 2000
 

@@ -27,9 +27,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from einsora.api import models as m
 from einsora.api.auth import Principal
+from einsora.api.consumers.outbox import outbox_row
 from einsora.api.errors import Conflict, NotFound, field_error
-from einsora.api.machines import MachineRecord
-from einsora.api.outbox import outbox_row
 from einsora.api.pagination import cursor_str, encode_cursor
 from einsora.api.schemas.workloads import (
     HostOut,
@@ -44,6 +43,7 @@ from einsora.api.services import endpoints, vms
 from einsora.api.services.fallback import ChainContext, check_fallback, has_steps
 from einsora.api.services.limits import check_workload_cap, has_own_cap
 from einsora.api.store import Store, activity_target, current_action
+from einsora.api.views.machines import MachineRecord
 from einsora.common import lifecycle
 from einsora.common.catalog import Catalog
 from einsora.common.ids import is_id, new_id

@@ -48,17 +48,17 @@ from starlette.types import Receive, Scope, Send
 
 from einsora.api import models as m
 from einsora.api.auth import Principal
+from einsora.api.consumers.timeline import TIMELINE_CONSUMER
 from einsora.api.errors import NotFound, RateLimited, Unavailable, field_error
 from einsora.api.schemas.events import CHANGE, SNAPSHOT, SnapshotOut, WorkloadChangeOut
 from einsora.api.schemas.workloads import HostOut, PlacementOut
 from einsora.api.store import Store
-from einsora.api.timeline import TIMELINE_CONSUMER
 from einsora.common.bus import names
 from einsora.common.failures import outlived, outlives
 from einsora.common.ids import is_id
 from einsora.common.schemas import WorkloadEvent, WorkloadState
 
-log = logging.getLogger("einsora.api.streams")
+log = logging.getLogger("einsora.api.consumers.streams")
 
 MEDIA_TYPE = "text/event-stream"
 PING = b": ping\n\n"

@@ -30,7 +30,7 @@ from einsora.common.catalog import Catalog
 from einsora.common.schemas import Enrolment, Inventory, ObservedPhase, ObservedState
 from einsora.common.schemas.base import what_is_wrong
 
-log = logging.getLogger("einsora.api.machines")
+log = logging.getLogger("einsora.api.views.machines")
 
 _KINDS = ("inventory", "observed")
 AUDIT_S = 60.0

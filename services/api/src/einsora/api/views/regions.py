@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from einsora.common.bus import KvMirror, names
 from einsora.common.schemas import RegionStatus, utcnow, what_is_wrong
 
-log = logging.getLogger("einsora.api.regions")
+log = logging.getLogger("einsora.api.views.regions")
 
 AUDIT_S = 60.0
 

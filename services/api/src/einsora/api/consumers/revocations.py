@@ -28,7 +28,7 @@ from einsora.common.bus import names, reconnects
 from einsora.common.failures import log_failure, outlived, outlives
 from einsora.common.schemas import TokensRevoked
 
-log = logging.getLogger("einsora.api.revocations")
+log = logging.getLogger("einsora.api.consumers.revocations")
 
 
 class Revocations:

@@ -38,7 +38,7 @@ from einsora.common.errors import BusUnavailable
 from einsora.common.failures import log_failure, outlives
 from einsora.common.schemas import WorkloadIntent, WorkloadState, utcnow
 
-log = logging.getLogger("einsora.api.outbox")
+log = logging.getLogger("einsora.api.consumers.outbox")
 
 
 def outbox_row(
