@@ -15,9 +15,10 @@ from nats.js.api import KeyValueConfig
 from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
-from einsora.common.bus import KvMirror, connect, names
+from einsora.common.bus import KvMirror, ShortRead, check_whole, connect, key_count, names
 from einsora.common.embedded_nats import EmbeddedNats
 from einsora.common.testing import Bus, until
+from einsora.common.transient import is_transient
 
 # A bucket of the test's own, made as any KV client makes one (rollups allowed, so that
 # `kv.purge` works; Einsora's own buckets refuse rollups).
@@ -212,3 +213,20 @@ async def test_the_audit_repairs_a_change_the_watch_missed(
     # The mirror keeps following after its audit.
     await kv.put("c", b"3")
     await until(lambda: m.copy.values.get("c") == b"3")
+
+
+async def test_a_whole_read_is_told_from_a_short_one(fresh: Bus) -> None:
+    """nats-py's watch can end its initial values early (nats.py#842): a read is checked
+    against how many keys the bucket's stream holds, delete markers included, and a short one
+    is a transient failure that the mirror and the scheduler's watch read again after."""
+    kv = await fresh.js.key_value(BUCKET.name)
+    for key in ("a.1", "a.2", "b.1"):
+        await kv.put(key, b"x")
+    await kv.delete("a.2")  # a marker: still a message for the key
+    assert await key_count(fresh.js, BUCKET) == 3
+    assert await key_count(fresh.js, BUCKET, "a.*") == 2
+    check_whole(BUCKET, 3, 3)
+    with pytest.raises(ShortRead) as short:
+        check_whole(BUCKET, 0, 3)
+    assert "read 0 of the 3 keys of the mirror-test bucket" in str(short.value)
+    assert is_transient(short.value)

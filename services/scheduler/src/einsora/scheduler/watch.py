@@ -30,12 +30,15 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from einsora.common.bus import names, provision, reconnects
+from einsora.common.bus import ShortRead, check_whole, key_count, names, provision, reconnects
 from einsora.common.bus.pace import MACHINE_REPORT_EVERY_S, Pacer
 from einsora.common.failures import log_failure
 from einsora.common.runloop import raise_if_cancelled
 
 log = logging.getLogger("einsora.scheduler.watch")
+
+SNAPSHOT_ATTEMPTS = 5
+"""Reads of the bucket a snapshot may take before the caller is told (nats.py#842)."""
 
 
 @dataclass(frozen=True)
@@ -122,21 +125,45 @@ class MachinesWatch:
         seen = reconnects(self._nc).count
         kv = await self._js.key_value(names.MACHINES.name)
         info = await self._js.stream_info(names.MACHINES.stream)
-        watcher = await kv.watchall()
-        snapshot: list[MachineKey] = []
-        while True:
-            entry = await watcher.updates(timeout=30)  # type: ignore[no-untyped-call]
-            if entry is None:
+        for attempt in range(1, SNAPSHOT_ATTEMPTS + 1):
+            try:
+                watcher, snapshot = await self._read_snapshot(kv)
                 break
-            key = _parse(entry)
-            if key is not None:
-                snapshot.append(key)
+            except ShortRead as exc:
+                # A new leader that took a short read for the bucket would write desired
+                # states over ones it never saw: read again.
+                if attempt == SNAPSHOT_ATTEMPTS:
+                    raise
+                log.warning(str(exc), extra={"attempt": attempt})
         self._watcher = watcher
         log.info("machines bucket snapshot read", extra={"keys": len(snapshot)})
         await self._on_snapshot(snapshot)
         self._pump = asyncio.create_task(self._pump_loop(watcher), name="machines watch")
         self._reconnects = seen
         self._created = info.created
+
+    async def _read_snapshot(self, kv: KeyValue) -> tuple[KeyValue.KeyWatcher, list[MachineKey]]:
+        """A watch of the whole bucket and every key it held (raises ShortRead when the watch
+        delivered fewer keys than the bucket's stream holds)."""
+        expected = await key_count(self._js, names.MACHINES)
+        watcher = await kv.watchall()
+        snapshot: list[MachineKey] = []
+        delivered = 0
+        try:
+            while True:
+                entry = await watcher.updates(timeout=30)  # type: ignore[no-untyped-call]
+                if entry is None:
+                    break
+                delivered += 1
+                key = _parse(entry)
+                if key is not None:
+                    snapshot.append(key)
+            check_whole(names.MACHINES, delivered, expected)
+        except BaseException:
+            with contextlib.suppress(nats.errors.Error, OSError):
+                await watcher.stop()  # type: ignore[no-untyped-call]
+            raise
+        return watcher, snapshot
 
     async def _unwatch(self) -> None:
         self._pacer.clear()  # the next read's snapshot has each key's latest value

@@ -9,7 +9,16 @@ from einsora.common.bus.connect import (
     tls_trusting,
 )
 from einsora.common.bus.consumer import DurableConsumer
-from einsora.common.bus.kv import KeyState, bind_bucket, read_bucket, read_records, watch_key
+from einsora.common.bus.kv import (
+    KeyState,
+    ShortRead,
+    bind_bucket,
+    check_whole,
+    key_count,
+    read_bucket,
+    read_records,
+    watch_key,
+)
 from einsora.common.bus.mirror import KvMirror
 from einsora.common.bus.provision import ProvisionReport, provision, stream_configs
 from einsora.common.bus.publish import (
@@ -28,11 +37,14 @@ __all__ = [
     "KvMirror",
     "ProvisionReport",
     "Reconnects",
+    "ShortRead",
     "bind_bucket",
+    "check_whole",
     "close_quietly",
     "connect",
     "connect_as",
     "identities",
+    "key_count",
     "message_headers",
     "names",
     "new_traceparent",

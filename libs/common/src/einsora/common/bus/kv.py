@@ -59,6 +59,29 @@ class KeyState:
     """None: a delete marker."""
 
 
+class ShortRead(ConnectionError):
+    """A read of a bucket delivered fewer keys than its stream holds: nats-py's watch can send
+    its "initial values done" marker before the initial values are all in (nats.py#842, #995:
+    seen on a 3-node cluster, where a new leader read 0 of 12 keys). Transient, as a cut
+    connection is (`transient.is_transient`): read again."""
+
+
+async def key_count(js: JetStreamContext, bucket: BucketName, keys: str = ">") -> int:
+    """How many keys matching `keys` the bucket's stream holds a message for, delete markers
+    included: what a whole read of them delivers at least (a key written meanwhile only adds)."""
+    info = await js.stream_info(bucket.stream, subjects_filter=bucket.subject_prefix + keys)
+    return len(info.state.subjects or {})
+
+
+def check_whole(bucket: BucketName, read: int, expected: int) -> None:
+    """Raise ShortRead when a read delivered fewer keys than `key_count` found before it."""
+    if read < expected:
+        raise ShortRead(
+            f"read {read} of the {expected} keys of the {bucket.name} bucket (the watch ended "
+            "early); reading it again"
+        )
+
+
 async def read_bucket(
     kv: KeyValue, keys: str = ">", *, timeout_s: float = READ_TIMEOUT_S
 ) -> dict[str, KeyState]:

@@ -27,7 +27,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from einsora.common.bus.kv import bind_bucket
+from einsora.common.bus.kv import bind_bucket, check_whole, key_count
 from einsora.common.bus.names import BucketName
 from einsora.common.bus.reconnects import reconnects
 from einsora.common.failures import log_failure, outlived
@@ -65,6 +65,7 @@ class KvMirror:
         ensure: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self._nc = nc
+        self._js = js
         self._kv = bind_bucket(js, bucket)
         self._bucket = bucket
         self._on_put = on_put
@@ -133,16 +134,21 @@ class KvMirror:
         seen: dict[str, int] = {}
         puts: list[tuple[str, bytes, int]] = []
         for pattern in self._filters:
+            expected = await key_count(self._js, self._bucket, pattern)
             watcher = await self._kv.watch(pattern)
             self._watchers.append(watcher)
+            delivered = 0
             while True:
                 entry = await watcher.updates(timeout=30)  # type: ignore[no-untyped-call]
                 if entry is None:  # nats-py's "initial values done" marker
                     break
+                delivered += 1
                 if entry.operation in (KV_DEL, KV_PURGE):
                     continue
                 seen[entry.key] = entry.revision or 0
                 puts.append((entry.key, entry.value or b"", entry.revision or 0))
+            # A short read would delete what it missed from the mirror: read again instead.
+            check_whole(self._bucket, delivered, expected)
         # What changed while no watch was looking: keys gone, and (when revisions can be
         # trusted, i.e. the same server's store) values the watch did not deliver.
         repaired = 0
