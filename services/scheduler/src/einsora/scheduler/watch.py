@@ -190,10 +190,15 @@ class MachinesWatch:
                 self._on_key(key)
 
     async def _audit_loop(self) -> None:
+        signal = reconnects(self._nc)
+        seen = signal.count
         while True:
             raise_if_cancelled()
-            # Each audit period, or at once after a reconnect (which the check then sees).
-            await reconnects(self._nc).passed(self._reconnects, self._audit_s)
+            # Each audit period, or at once after a reconnect (which the check then sees). A
+            # reconnect cuts one wait short, never more: a check that fails is tried again a
+            # period later, not at once, however long the bus takes to answer again.
+            await signal.passed(seen, self._audit_s)
+            seen = signal.count
             try:
                 await self._check()
             except Exception as exc:
