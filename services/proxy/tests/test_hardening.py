@@ -90,7 +90,10 @@ async def site(bus: Bus, sqlite_url: str, data_dir: Path) -> AsyncIterator[Site]
             kind=WorkloadKind.notebook,
             machine_id="m-1",
             host="127.0.0.1",
-            port=40009,  # never reached: entering a site answers before forwarding anything
+            # Never reached: entering a site answers before forwarding anything. Below Linux's
+            # ephemeral range (32768-60999), so no port the proxy or its hub bound to port 0
+            # can be it: the proxy refuses a route to its own ports (CI once drew 40009).
+            port=20009,
             token="workload-token-" + secrets.token_hex(8),
         )
         kv = await bus.js.key_value(names.ROUTES.name)

@@ -62,8 +62,10 @@ async def test_desired_entries_say_which_workloads_may_run_elsewhere(
 async def test_a_machine_back_from_being_lost_says_its_agent_stopped_a_workload(
     sim: Sim, start_scheduler: StartScheduler, sqlite_url: str
 ) -> None:
-    await sim.join("m-1", gpus=1)
+    # The machine joins a running scheduler, so its silence counts from now: joined before the
+    # start, a slow start alone (CI's, on a busy host) made it suspect before the launch.
     await start_scheduler(sqlite_url, suspect_after_s=0.6, lost_after_s=1.5)
+    await sim.join("m-1", gpus=1)
     workload = await sim.launch(fallback=[{"class": "a100-80gb"}])
     await sim.wait_state(workload, "scheduled")
     await sim.report("m-1", {workload: "running"})
@@ -99,8 +101,8 @@ async def test_a_machine_back_from_being_lost_says_its_agent_stopped_a_workload(
 async def test_a_machine_back_before_it_was_lost_fails_what_its_agent_stopped(
     sim: Sim, start_scheduler: StartScheduler, sqlite_url: str
 ) -> None:
-    await sim.join("m-1", gpus=1)
     await start_scheduler(sqlite_url, suspect_after_s=0.5, lost_after_s=60)
+    await sim.join("m-1", gpus=1)  # into a running scheduler: silent from now, not from before
     workload = await sim.launch(fallback=[{"class": "a100-80gb"}])
     await sim.wait_state(workload, "scheduled")
     await sim.report("m-1", {workload: "running"})

@@ -17,8 +17,10 @@ if TYPE_CHECKING:
 async def test_a_silent_machine_is_suspect_then_lost_then_reconciled_when_back(
     sim: Sim, start_scheduler: StartScheduler, sqlite_url: str
 ) -> None:
-    await sim.join("m-1", gpus=1)
+    # Joined into a running scheduler, its silence counts from now, not from before a start
+    # that on a busy host alone takes longer than the suspect limit.
     await start_scheduler(sqlite_url, suspect_after_s=0.6, lost_after_s=1.5)
+    await sim.join("m-1", gpus=1)
     first = await sim.launch()
     await sim.wait_state(first, "scheduled")
     await sim.report("m-1", {first: "running"})
@@ -69,8 +71,8 @@ async def test_a_silent_machine_is_suspect_then_lost_then_reconciled_when_back(
 async def test_a_suspect_machine_that_reports_again_keeps_its_workloads(
     sim: Sim, start_scheduler: StartScheduler, sqlite_url: str
 ) -> None:
-    await sim.join("m-1", gpus=1)
     await start_scheduler(sqlite_url, suspect_after_s=0.5, lost_after_s=60)
+    await sim.join("m-1", gpus=1)  # into a running scheduler: silent from now, not from before
     workload = await sim.launch()
     await sim.wait_state(workload, "scheduled")
     await sim.report("m-1", {workload: "running"})
