@@ -9,6 +9,7 @@ the bus shows, the store has; and after a crash the store alone rebuilds the res
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
 
 from einsora.common.bus import names
 from einsora.common.errors import EinsoraError
@@ -33,6 +35,8 @@ from einsora.scheduler.book import Changes, Handoff, OutboxEvent
 from einsora.scheduler.model import Chain, Liveness, Machine, Row, Workload
 from einsora.store import Database, is_postgres
 from einsora.store.statements import execute
+
+log = logging.getLogger("einsora.scheduler.store")
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "alembic_version_scheduler"
@@ -188,7 +192,48 @@ class SchedulerStore(Database):
             )
             return True
 
+        try:
+            return await self.run(take)
+        except DBAPIError as exc:
+            if lock_timeout_ms is None or not _lock_not_available(exc):
+                raise
+        # The lease row's lock outlived a whole lease: a deposed leader holds it, frozen where
+        # the idle-in-transaction timeout does not reach (its statement still active, say, in
+        # the middle of a batch the frozen client never finished sending). Its commit would be
+        # fenced anyway: its session is ended, so its transaction rolls back and frees the row.
+        ended = await self.run(_end_lease_holders)
+        log.warning(
+            "a frozen scheduler held the lease row; its session was ended",
+            extra={"region": region, "sessions": ended},
+        )
         return await self.run(take)
+
+
+def _lock_not_available(exc: DBAPIError) -> bool:
+    """Postgres's lock_timeout (SQLSTATE 55P03), however the driver wraps it."""
+    cause: BaseException | None = exc
+    for _ in range(4):
+        if cause is None:
+            return False
+        code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+        if code == "55P03" or "lock timeout" in str(cause):
+            return True
+        cause = getattr(cause, "orig", None) or cause.__cause__
+    return False
+
+
+def _end_lease_holders(conn: sa.Connection) -> int:
+    """End every other session holding a lock on the leases table (Postgres only); how many.
+    Only schedulers take that lock, and only one holding the lease may: the others are
+    deposed, and the fence refuses their commits whatever happens here."""
+    ended = conn.execute(
+        sa.text(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_locks "
+            "WHERE relation = CAST(:table AS regclass) AND granted AND pid <> pg_backend_pid()"
+        ),
+        {"table": t.leases.name},
+    ).scalar()
+    return int(ended or 0)
 
 
 class Deposed(EinsoraError):
