@@ -31,9 +31,9 @@ async def test_a_frozen_holder_of_the_lease_row_is_ended_and_the_term_taken(
         transaction = frozen.transaction()
         await transaction.start()
         await frozen.execute("SELECT term FROM scheduler_leases WHERE region = 'local' FOR UPDATE")
-        # Busy, not idle: the idle-in-transaction timeout never ends this session.
+        # Busy, not idle: the idle-in-transaction timeout never ends this session. The row's
+        # lock is held already (the FOR UPDATE above returned), so no wait is needed here.
         sleeping = asyncio.ensure_future(frozen.execute("SELECT pg_sleep(60)"))
-        await asyncio.sleep(0.2)
         taken = await asyncio.wait_for(store.take_term("local", 2, "scheduler-new"), 20)
         assert taken
         with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError, ConnectionError)):
